@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every test: C++ (ctest, CUDA kernels compiled for sm_90 when nvcc exists), the C++
+# tests again under AddressSanitizer + UndefinedBehaviorSanitizer, and pytest.
+# Expects scripts/setup.sh to have run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+PY=${PYTHON:-python3}
+
+echo "== C++ build (release, warnings as errors, CUDA if nvcc is found) =="
+cmake -S . -B build/test -DCMAKE_BUILD_TYPE=Release -DBEACONKV_WERROR=ON >/dev/null
+cmake --build build/test -j"$JOBS"
+echo "== ctest =="
+ctest --test-dir build/test --output-on-failure -j"$JOBS"
+
+echo "== C++ build with AddressSanitizer + UndefinedBehaviorSanitizer =="
+cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBEACONKV_WERROR=ON \
+  -DBEACONKV_SANITIZE=address,undefined -DBEACONKV_CUDA=OFF -DBEACONKV_BENCH=OFF >/dev/null
+cmake --build build/asan -j"$JOBS"
+echo "== ctest (sanitized) =="
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build/asan --output-on-failure -j"$JOBS"
+
+echo "== pytest =="
+$PY -m pytest -q tests/python
