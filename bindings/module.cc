@@ -3,9 +3,13 @@
 
 namespace beaconkv {
 void BindBlockManager(pybind11::module_& m);
+void BindEngine(pybind11::module_& m);
+void BindPolicies(pybind11::module_& m);
 }  // namespace beaconkv
 
 PYBIND11_MODULE(_beaconkv, m) {
   m.doc() = "BeaconKV native core: head-granular paged KV cache and eviction policies";
   beaconkv::BindBlockManager(m);
+  beaconkv::BindEngine(m);
+  beaconkv::BindPolicies(m);
 }

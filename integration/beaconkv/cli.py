@@ -1,24 +1,124 @@
-"""The ``beaconkv`` command line."""
+"""The ``beaconkv`` command line: generate, eval, demo."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+
+DEFAULT_MODEL = os.path.join(os.path.dirname(__file__), "models", "tiny-reasoner")
+
+
+def default_model_dir() -> str:
+    """The shipped tiny model: installed with the package, or in the source tree."""
+    for cand in (DEFAULT_MODEL,
+                 os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny-reasoner")):
+        if os.path.isfile(os.path.join(cand, "config.json")):
+            return os.path.abspath(cand)
+    return os.path.abspath("models/tiny-reasoner")
+
+
+def _policy_knobs(args: argparse.Namespace) -> dict:
+    knobs = {}
+    for item in args.knob or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--knob {item!r}: expected NAME=VALUE")
+        try:
+            knobs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            knobs[key] = value
+    return knobs
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    import beaconkv
+
+    from .evaluate import make_policy
+    from .tokenizer import CharTokenizer
+
+    tok = CharTokenizer.load(args.model)
+    prompt = args.prompt.replace("\\n", "\n")
+    engine = beaconkv.Engine(args.model, policy=make_policy(args.policy, args.budget,
+                                                            **_policy_knobs(args)))
+    engine.add_request(0, [tok.bos_id] + tok.encode(prompt), max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    out = engine.run()[0]
+    sys.stdout.write(tok.decode(out["output"]))
+    if not tok.decode(out["output"]).endswith("\n"):
+        sys.stdout.write("\n")
+    print(f"[{len(out['output'])} tokens, finish: {out['finish_reason']}, peak KV "
+          f"{out['peak_retained_tokens']:.0f} tokens/head]", file=sys.stderr)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate
+
+    result = evaluate(args.model, args.split, args.policy, args.budget, num=args.num,
+                      max_batch=args.max_batch, block_size=args.block_size,
+                      num_blocks=args.kv_blocks, preemption=args.preemption,
+                      progress=sys.stderr, policy_knobs=_policy_knobs(args))
+    r = result.as_dict()
+    print(f"policy={r['policy']} budget={r['budget']} problems={r['num_problems']} "
+          f"accuracy={r['accuracy']:.3f} mean_generated={r['mean_generated_tokens']:.0f} "
+          f"peak_kv/seq={r['peak_kv_tokens_per_seq']:.0f} "
+          f"compression={r['compression_ratio']:.2f}x tokens/s={r['tokens_per_second']:.0f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(r, f, indent=1)
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_block_manager_demo
+    from .demo import run_block_manager_demo, run_demo
 
-    run_block_manager_demo(seed=args.seed, out=sys.stdout)
+    if args.block_manager:
+        run_block_manager_demo(seed=0, out=sys.stdout)
+    else:
+        run_demo(args.model, num=args.num, budget=args.budget, out=sys.stdout)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="beaconkv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the project's demo and print what it does")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.set_defaults(func=_cmd_demo)
+
+    def common(p: argparse.ArgumentParser, policy_default: str = "full") -> None:
+        p.add_argument("--model", default=default_model_dir(), help="HF-style model directory")
+        p.add_argument("--policy", default=policy_default, help="eviction policy name")
+        p.add_argument("--budget", type=int, default=None, help="KV tokens kept per head")
+        p.add_argument("--knob", action="append", metavar="NAME=VALUE",
+                       help="override a policy knob (repeatable), e.g. --knob interval=32")
+
+    g = sub.add_parser("generate", help="generate text for one prompt")
+    common(g)
+    g.add_argument("--prompt", required=True, help="prompt text (\\n for newlines)")
+    g.add_argument("--max-new-tokens", type=int, default=2048)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(func=_cmd_generate)
+
+    e = sub.add_parser("eval", help="accuracy and KV memory of a policy on a split")
+    common(e)
+    e.add_argument("--split", default="dev", help="dev, test, or a .jsonl file")
+    e.add_argument("--num", type=int, default=None, help="first K problems only")
+    e.add_argument("--max-batch", type=int, default=16)
+    e.add_argument("--block-size", type=int, default=16)
+    e.add_argument("--kv-blocks", type=int, default=0, help="device pool size (0 = ample)")
+    e.add_argument("--preemption", choices=["recompute", "swap"], default="recompute")
+    e.add_argument("--json", help="write the result as JSON here")
+    e.set_defaults(func=_cmd_eval)
+
+    d = sub.add_parser("demo", help="the main job: full cache vs BeaconKV vs a baseline")
+    d.add_argument("--model", default=default_model_dir())
+    d.add_argument("--num", type=int, default=24, help="dev problems to evaluate")
+    d.add_argument("--budget", type=int, default=None)
+    d.add_argument("--block-manager", action="store_true",
+                   help="narrate the block manager's mechanics instead")
+    d.set_defaults(func=_cmd_demo)
     return parser
 
 

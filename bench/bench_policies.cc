@@ -1,0 +1,151 @@
+// One compression event of snapkv, rkv and beacon at Qwen3-4B's shape: 36 layers, 8 kv heads
+// (32 query heads, GQA 4), head_dim 128, 2,176 cached tokens per head (budget 2,048 +
+// interval 128), 32 observation queries per query head (snapkv/rkv: window 32; beacon: 16
+// recent + 16 beacons). An event compresses every head of every layer. Fixed seeds.
+// bench/numpy_policy_bench.py runs this program and a NumPy implementation of the same math
+// in one run and prints the ratios (docs/policies.md).
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/policy.h"
+
+namespace beaconkv {
+namespace {
+
+constexpr int32_t kLayers = 36, kKvHeads = 8, kGroup = 4, kHeadDim = 128;
+constexpr int32_t kTokens = 2176, kBudget = 2048, kPrompt = 64;
+
+struct EventData {
+  std::vector<float> keys;         // [layers, kv_heads, tokens, head_dim]
+  std::vector<int32_t> positions;  // [tokens]
+};
+
+const EventData& Data() {
+  static const EventData* data = [] {
+    auto* d = new EventData;
+    std::mt19937 rng(20260904);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    d->keys.resize(static_cast<size_t>(kLayers) * kKvHeads * kTokens * kHeadDim);
+    for (float& x : d->keys) x = dist(rng);
+    for (int32_t p = 0; p < kTokens; ++p) d->positions.push_back(p);
+    return d;
+  }();
+  return *data;
+}
+
+PolicyConfig ConfigFor(const std::string& name) {
+  if (name == "snapkv") {
+    SnapKvConfig c;
+    c.budget = kBudget;
+    c.window = 32;
+    return c;
+  }
+  if (name == "rkv") {
+    RkvConfig c;
+    c.budget = kBudget;
+    c.window = 32;
+    return c;
+  }
+  BeaconConfig c;  // defaults: 16 recent + 16 beacons, buffer 256 -> 64
+  c.budget = kBudget;
+  return c;
+}
+
+std::unique_ptr<PolicyState> ObservedState(const std::string& name) {
+  PolicyGeometry geo{kLayers, kKvHeads, kGroup, {kHeadDim, 1e6}};
+  auto state = NewPolicyState(ConfigFor(name), geo, kPrompt);
+  if (!state.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(state.status().message()).c_str());
+    std::abort();
+  }
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  // 100 decode steps: fills the rings and takes the beacon buffers through one FPS
+  // reduction (400 queries per head: 256 -> 64, then 144 more).
+  std::vector<float> pre(kGroup * kHeadDim), post(kGroup * kHeadDim);
+  for (int32_t s = 0; s < 100; ++s) {
+    for (int32_t l = 0; l < kLayers; ++l) {
+      for (int32_t h = 0; h < kKvHeads; ++h) {
+        for (float& x : pre) x = dist(rng);
+        for (float& x : post) x = dist(rng);
+        absl::Status st =
+            (*state)->Observe(l, h, {kTokens - 100 + s, pre.data(), post.data()}, nullptr);
+        if (!st.ok()) std::abort();
+      }
+    }
+  }
+  return *std::move(state);
+}
+
+void BM_CompressionEvent(benchmark::State& bench, const std::string& name) {
+  const EventData& data = Data();
+  std::unique_ptr<PolicyState> state = ObservedState(name);
+  std::vector<int32_t> due(kKvHeads);
+  for (int32_t h = 0; h < kKvHeads; ++h) due[h] = h;
+  std::vector<HeadKeys> heads(kKvHeads);
+  int64_t kept = 0;
+  for (auto _ : bench) {
+    for (int32_t l = 0; l < kLayers; ++l) {
+      for (int32_t h = 0; h < kKvHeads; ++h) {
+        heads[h] = {data.keys.data() + (static_cast<size_t>(l) * kKvHeads + h) * kTokens * kHeadDim,
+                    data.positions.data(), kTokens};
+      }
+      auto keep = state->Compress(l, heads, due, kTokens - 1);
+      if (!keep.ok()) std::abort();
+      kept = static_cast<int64_t>((*keep)[0].slots.size());
+      benchmark::DoNotOptimize(keep->data());
+    }
+  }
+  bench.counters["kept_per_head"] = static_cast<double>(kept);
+  bench.counters["state_MiB_per_seq"] = static_cast<double>(state->StateBytes()) / (1 << 20);
+  bench.counters["heads"] = kLayers * kKvHeads;
+}
+
+BENCHMARK_CAPTURE(BM_CompressionEvent, snapkv, std::string("snapkv"))
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_CompressionEvent, rkv, std::string("rkv"))
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
+BENCHMARK_CAPTURE(BM_CompressionEvent, beacon, std::string("beacon"))
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2.0);
+
+// The per-decode-step cost the engine pays to feed beacon: one Observe per (layer, kv_head)
+// (recent ring + query buffer append), with the FPS reductions (256 -> 64 every 48 steps at
+// GQA 4) amortised over the iterations.
+void BM_BeaconObserveStep(benchmark::State& bench) {
+  PolicyGeometry geo{kLayers, kKvHeads, kGroup, {kHeadDim, 1e6}};
+  auto state = NewPolicyState(ConfigFor("beacon"), geo, kPrompt);
+  if (!state.ok()) std::abort();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> queries(static_cast<size_t>(kLayers) * kKvHeads * kGroup * kHeadDim);
+  for (float& x : queries) x = dist(rng);
+  int32_t position = kPrompt;
+  for (auto _ : bench) {
+    for (int32_t l = 0; l < kLayers; ++l) {
+      for (int32_t h = 0; h < kKvHeads; ++h) {
+        const float* q =
+            queries.data() + (static_cast<size_t>(l) * kKvHeads + h) * kGroup * kHeadDim;
+        if (!(*state)->Observe(l, h, {position, q, q}, nullptr).ok()) std::abort();
+      }
+    }
+    ++position;
+  }
+}
+
+BENCHMARK(BM_BeaconObserveStep)->Unit(benchmark::kMicrosecond)->Iterations(480);
+
+}  // namespace
+}  // namespace beaconkv
+
+BENCHMARK_MAIN();

@@ -1,0 +1,180 @@
+"""NumPy implementations of the scoring math of `snapkv`, `rkv` and `beacon`.
+
+They follow core/ step by step (same reductions, pooling, tie rule, FPS and RoPE layout) and
+serve two purposes: the baseline that bench/numpy_policy_bench.py times against the C++
+policies, and an independent reference the Python tests compare keep-sets with.
+Keys are in position order here (slot order == position order).
+"""
+
+import numpy as np
+
+
+def softmax(x, axis=-1):
+    x = x - x.max(axis=axis, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=axis, keepdims=True)
+    return x
+
+
+def attention_scores(keys, queries, gqa="max_probs", reduce="max"):
+    """keys [..., n, d]; queries [..., m, g, d] -> scores [..., n].
+
+    gqa: "max_logits" (max over the group, then softmax), "max_probs" or "mean_probs"
+    (softmax per query head, then max/mean). reduce: "max", "mean" or "sum" over the m
+    observation queries (after the GQA reduction).
+    """
+    *batch, m, g, d = queries.shape
+    n = keys.shape[-2]
+    q = queries.reshape(*batch, m * g, d)
+    logits = np.matmul(q, np.swapaxes(keys, -1, -2)) * np.float32(1.0 / np.sqrt(d))
+    logits = logits.reshape(*batch, m, g, n)
+    if gqa == "max_logits":
+        probs = softmax(logits.max(axis=-2))
+    else:
+        p = softmax(logits)
+        probs = p.max(axis=-2) if gqa == "max_probs" else p.mean(axis=-2)
+    if reduce == "max":
+        return probs.max(axis=-2)
+    if reduce == "mean":
+        return probs.mean(axis=-2)
+    return probs.sum(axis=-2)
+
+
+def pool1d(x, kind, kernel):
+    """PyTorch max_pool1d / avg_pool1d (stride 1, padding kernel // 2) over the last axis."""
+    if kind == "none" or kernel <= 1:
+        return x
+    half = kernel // 2
+    pad = [(0, 0)] * (x.ndim - 1) + [(half, half)]
+    fill = -np.inf if kind == "max" else 0.0
+    padded = np.pad(x, pad, constant_values=fill)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=-1)
+    if kind == "max":
+        return windows.max(axis=-1)
+    return windows.sum(axis=-1) / np.float32(kernel)
+
+
+def redundancy(keys, threshold=0.5):
+    """R-KV redundancy of keys [n, d] (position order) -> [n]."""
+    n = keys.shape[0]
+    unit = keys / (np.linalg.norm(keys, axis=-1, keepdims=True) + np.float32(1e-8))
+    s = unit @ unit.T
+    np.fill_diagonal(s, 0.0)
+    mask = s > threshold
+    has = mask.any(axis=1)
+    last = n - 1 - np.argmax(mask[:, ::-1], axis=1)
+    rows = np.flatnonzero(has)
+    s[rows, last[rows]] = 0.0
+    return softmax(s.mean(axis=0))
+
+
+def select(scores, protect, budget):
+    """Protected indexes + best unprotected by (score desc, index desc) up to budget."""
+    cand = np.flatnonzero(~protect)
+    k = max(0, min(budget - int(protect.sum()), cand.size))
+    order = np.lexsort((-cand, -scores[cand]))[:k]
+    return np.sort(np.concatenate([np.flatnonzero(protect), cand[order]]))
+
+
+def window_scores(keys, window_queries, window, pool_kernel, pooling="max"):
+    """snapkv importance: [n - window] scores of the non-window keys."""
+    region = keys.shape[-2] - window
+    s = attention_scores(keys[..., :region, :], window_queries, "max_logits", "mean")
+    return pool1d(s, pooling, pool_kernel)
+
+
+def snapkv_keep(keys, window_queries, budget, window=8, pool_kernel=7, pooling="max"):
+    n = keys.shape[0]
+    if n <= budget:
+        return np.arange(n)
+    scores = np.zeros(n, np.float32)
+    scores[: n - window] = window_scores(keys, window_queries, window, pool_kernel, pooling)
+    protect = np.zeros(n, bool)
+    protect[n - window:] = True
+    return select(scores, protect, budget)
+
+
+def rkv_keep(keys, window_queries, budget, window=8, pool_kernel=7, lam=0.1, threshold=0.5):
+    n = keys.shape[0]
+    if n <= budget:
+        return np.arange(n)
+    region = n - window
+    importance = window_scores(keys, window_queries, window, pool_kernel, "max")
+    red = redundancy(keys, threshold)[:region]
+    scores = np.zeros(n, np.float32)
+    scores[:region] = np.float32(lam) * importance - np.float32(1 - lam) * red
+    protect = np.zeros(n, bool)
+    protect[region:] = True
+    return select(scores, protect, budget)
+
+
+def rope(x, position, theta):
+    """HF rotate-half RoPE of x [..., d] at one position (float32 angles, as HF)."""
+    d = x.shape[-1]
+    half = d // 2
+    inv_freq = (1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
+    ang = (np.float32(position) * inv_freq).astype(np.float64)
+    c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def fps_cosine(points, count):
+    """First `count` indexes of cosine farthest-point sampling (ties -> earliest)."""
+    norms = np.linalg.norm(points.astype(np.float64), axis=-1, keepdims=True)
+    unit = np.where(norms > 0, points / np.where(norms > 0, norms, 1), 0).astype(np.float32)
+    mean = unit.sum(axis=0)
+    mn = np.linalg.norm(mean.astype(np.float64))
+    mean_dir = (mean / mn if mn > 0 else mean).astype(np.float32)
+    order = [int(np.argmax(np.float32(1) - unit @ mean_dir))]
+    min_dist = np.float32(1) - unit @ unit[order[0]]
+    chosen = np.zeros(points.shape[0], bool)
+    chosen[order[0]] = True
+    while len(order) < count:
+        d = np.where(chosen, -np.inf, min_dist)
+        nxt = int(np.argmax(d))
+        order.append(nxt)
+        chosen[nxt] = True
+        min_dist = np.minimum(min_dist, np.float32(1) - unit @ unit[nxt])
+    return np.array(order, dtype=np.int64)
+
+
+class BeaconBuffer:
+    """The per-head pre-RoPE query buffer (append; FPS to buffer_min at buffer_max)."""
+
+    def __init__(self, head_dim, buffer_min=64, buffer_max=256):
+        self.buf = np.zeros((0, head_dim), np.float32)
+        self.buffer_min, self.buffer_max = buffer_min, buffer_max
+
+    def append(self, q):
+        for row in np.asarray(q, np.float32).reshape(-1, self.buf.shape[1]):
+            self.buf = np.vstack([self.buf, row[None]])
+            if self.buf.shape[0] == self.buffer_max:
+                keep = np.sort(fps_cosine(self.buf, self.buffer_min))
+                self.buf = self.buf[keep]
+
+    def beacons(self, n_beacons, position, theta):
+        n = min(n_beacons, self.buf.shape[0])
+        return rope(self.buf[fps_cosine(self.buf, n)], position, theta)
+
+
+def beacon_scores(keys, recent_queries, beacons, pool_kernel=1):
+    """max over recent queries (all group heads) and beacons of softmax attention."""
+    d = keys.shape[-1]
+    rows = np.concatenate([recent_queries.reshape(-1, d), beacons.reshape(-1, d)])
+    s = attention_scores(keys, rows[:, None, :], "max_probs", "max")
+    return pool1d(s, "max", pool_kernel)
+
+
+def beacon_keep(keys, recent_queries, beacons, budget, prompt_len=0, n_recent=16,
+                n_sinks=4, protect_prompt=True, pool_kernel=1):
+    n = keys.shape[0]
+    if n <= budget:
+        return np.arange(n)
+    scores = beacon_scores(keys, recent_queries, beacons, pool_kernel)
+    protect = np.zeros(n, bool)
+    prompt = min(prompt_len, n)
+    head = prompt if protect_prompt and prompt + n_recent <= budget else min(n_sinks, n)
+    protect[:head] = True
+    protect[max(n - n_recent, 0):] = True
+    return select(scores, protect, budget)

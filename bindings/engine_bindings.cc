@@ -1,0 +1,150 @@
+// Python view of the reference engine. Runs release the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "bindings/status_cast.h"
+#include "engine/engine.h"
+
+namespace py = pybind11;
+
+namespace beaconkv {
+
+PolicyConfig PolicyConfigFromPython(py::handle obj);  // policy_bindings.cc
+
+namespace {
+
+using py_util::Check;
+using py_util::Unwrap;
+
+PreemptionMode ParsePreemption(const std::string& s) {
+  if (s == "recompute") return PreemptionMode::kRecompute;
+  if (s == "swap") return PreemptionMode::kSwap;
+  throw py::value_error(absl::StrFormat("preemption must be 'recompute' or 'swap', got '%s'", s));
+}
+
+py::dict ToDict(RequestOutput&& o, int32_t vocab) {
+  py::dict d;
+  d["id"] = o.id;
+  d["prompt_len"] = o.prompt_len;
+  d["output"] = o.output;
+  d["finish_reason"] = o.finish_reason;
+  d["peak_retained_tokens"] = o.peak_retained_tokens;
+  d["peak_blocks"] = o.peak_blocks;
+  d["num_preemptions"] = o.num_preemptions;
+  d["tokens_evicted"] = o.tokens_evicted;
+  if (!o.logits.empty()) {
+    const py::ssize_t rows = static_cast<py::ssize_t>(o.logits.size() / vocab);
+    py::array_t<float> a({rows, static_cast<py::ssize_t>(vocab)});
+    std::copy(o.logits.begin(), o.logits.end(), a.mutable_data());
+    d["logits"] = a;
+  } else {
+    d["logits"] = py::none();
+  }
+  return d;
+}
+
+}  // namespace
+
+void BindEngine(py::module_& m) {
+  py::class_<Engine>(m, "Engine", "The reference engine over the head-granular paged KV cache.")
+      .def(py::init([](const std::string& model_dir, py::object policy, int32_t block_size,
+                       int32_t num_blocks, int32_t num_host_blocks, int32_t max_batch,
+                       int32_t watermark_blocks, const std::string& preemption, int32_t num_threads,
+                       int32_t max_model_len, bool verify_integrity) {
+             EngineConfig c;
+             c.policy = PolicyConfigFromPython(policy);
+             c.block_size = block_size;
+             c.num_blocks = num_blocks;
+             c.num_host_blocks = num_host_blocks;
+             c.max_batch = max_batch;
+             c.watermark_blocks = watermark_blocks;
+             c.preemption = ParsePreemption(preemption);
+             c.num_threads = num_threads;
+             c.max_model_len = max_model_len;
+             c.verify_integrity = verify_integrity;
+             std::unique_ptr<Engine> e;
+             {
+               py::gil_scoped_release release;
+               absl::StatusOr<std::unique_ptr<Engine>> made = Engine::FromModelDir(model_dir, c);
+               py::gil_scoped_acquire acquire;
+               e = Unwrap(std::move(made));
+             }
+             return e;
+           }),
+           py::arg("model_dir"), py::arg("policy") = "full", py::arg("block_size") = 16,
+           py::arg("num_blocks") = 0, py::arg("num_host_blocks") = 0, py::arg("max_batch") = 32,
+           py::arg("watermark_blocks") = 0, py::arg("preemption") = "recompute",
+           py::arg("num_threads") = 2, py::arg("max_model_len") = 0,
+           py::arg("verify_integrity") = false)
+      .def(
+          "add_request",
+          [](Engine& e, int64_t id, std::vector<int32_t> prompt, int32_t max_new_tokens,
+             float temperature, float top_p, uint64_t seed, bool ignore_eos,
+             std::vector<int32_t> forced_output, bool return_logits) {
+            Request r;
+            r.id = id;
+            r.prompt = std::move(prompt);
+            r.sampling.max_new_tokens = max_new_tokens;
+            r.sampling.temperature = temperature;
+            r.sampling.top_p = top_p;
+            r.sampling.seed = seed;
+            r.sampling.ignore_eos = ignore_eos;
+            r.forced_output = std::move(forced_output);
+            r.return_logits = return_logits;
+            Check(e.AddRequest(std::move(r)));
+          },
+          py::arg("request_id"), py::arg("prompt_ids"), py::arg("max_new_tokens") = 256,
+          py::arg("temperature") = 0.0f, py::arg("top_p") = 1.0f, py::arg("seed") = 0,
+          py::arg("ignore_eos") = false, py::arg("forced_output") = std::vector<int32_t>{},
+          py::arg("return_logits") = false)
+      .def(
+          "run",
+          [](Engine& e) {
+            absl::StatusOr<std::vector<RequestOutput>> outs;
+            {
+              py::gil_scoped_release release;
+              outs = e.RunToCompletion();
+            }
+            std::vector<RequestOutput> v = Unwrap(std::move(outs));
+            py::list result;
+            for (RequestOutput& o : v)
+              result.append(ToDict(std::move(o), e.model_config().vocab_size));
+            return result;
+          },
+          "Run every queued request to completion; returns their results in finishing order.")
+      .def(
+          "step",
+          [](Engine& e) {
+            std::vector<RequestOutput> done;
+            absl::Status st;
+            {
+              py::gil_scoped_release release;
+              st = e.Step(&done);
+            }
+            Check(st);
+            py::list result;
+            for (RequestOutput& o : done)
+              result.append(ToDict(std::move(o), e.model_config().vocab_size));
+            return result;
+          },
+          "One scheduler step; returns the requests that finished in it.")
+      .def_property_readonly("has_unfinished", &Engine::HasUnfinished)
+      .def("stats_json", [](const Engine& e) { return e.stats().ToJson(); })
+      .def_property_readonly("num_free_blocks",
+                             [](const Engine& e) { return e.block_manager().NumFreeBlocks(); })
+      .def_property_readonly("num_usable_blocks",
+                             [](const Engine& e) { return e.block_manager().NumUsableBlocks(); })
+      .def_property_readonly(
+          "num_kv_heads_total",
+          [](const Engine& e) { return e.block_manager().shape().num_heads_total(); })
+      .def_property_readonly("vocab_size",
+                             [](const Engine& e) { return e.model_config().vocab_size; })
+      .def("verify_integrity", [](const Engine& e) { Check(e.block_manager().VerifyIntegrity()); });
+}
+
+}  // namespace beaconkv

@@ -1,0 +1,127 @@
+#include "core/beacon_bank.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+
+namespace beaconkv {
+namespace {
+
+// Unit-normalised copy of `points`; zero rows stay zero.
+std::vector<float> Normalised(const float* points, int32_t n, int32_t dim) {
+  std::vector<float> unit(static_cast<size_t>(n) * dim);
+  for (int32_t i = 0; i < n; ++i) {
+    const float* p = points + static_cast<size_t>(i) * dim;
+    double sq = 0.0;
+    for (int32_t d = 0; d < dim; ++d) sq += static_cast<double>(p[d]) * p[d];
+    const float inv = sq > 0.0 ? static_cast<float>(1.0 / std::sqrt(sq)) : 0.0f;
+    for (int32_t d = 0; d < dim; ++d) unit[static_cast<size_t>(i) * dim + d] = p[d] * inv;
+  }
+  return unit;
+}
+
+}  // namespace
+
+std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, int32_t dim,
+                                              int32_t count) {
+  BKV_CHECK(count >= 0 && count <= n);
+  std::vector<int32_t> order;
+  if (count == 0) return order;
+  order.reserve(count);
+  const std::vector<float> unit = Normalised(points, n, dim);  // [n, dim]
+  auto row = [&](int32_t i) { return unit.data() + static_cast<size_t>(i) * dim; };
+
+  std::vector<float> mean(dim, 0.0f);
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t d = 0; d < dim; ++d) mean[d] += row(i)[d];
+  }
+  const std::vector<float> mean_dir = Normalised(mean.data(), 1, dim);
+  // cos[i] = unit_i . v for every point at once (one GEMV per chosen point).
+  std::vector<float> cos(n);
+  auto cosines_to = [&](const float* v) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, dim, 1.0f, unit.data(), dim, v, 1, 0.0f, cos.data(),
+                1);
+  };
+  cosines_to(mean_dir.data());
+  int32_t seed = 0;
+  float best = -1.0f;
+  for (int32_t i = 0; i < n; ++i) {
+    const float dist = 1.0f - cos[i];
+    if (dist > best) {
+      best = dist;
+      seed = i;
+    }
+  }
+
+  std::vector<uint8_t> chosen(n, 0);
+  std::vector<float> min_dist(n, 0.0f);
+  chosen[seed] = 1;
+  order.push_back(seed);
+  cosines_to(row(seed));
+  for (int32_t i = 0; i < n; ++i) min_dist[i] = 1.0f - cos[i];
+  while (static_cast<int32_t>(order.size()) < count) {
+    int32_t next = -1;
+    float far = 0.0f;
+    for (int32_t i = 0; i < n; ++i) {
+      if (chosen[i]) continue;
+      if (next < 0 || min_dist[i] > far) {
+        next = i;
+        far = min_dist[i];
+      }
+    }
+    chosen[next] = 1;
+    order.push_back(next);
+    if (static_cast<int32_t>(order.size()) == count) break;
+    cosines_to(row(next));
+    for (int32_t i = 0; i < n; ++i) min_dist[i] = std::min(min_dist[i], 1.0f - cos[i]);
+  }
+  return order;
+}
+
+BeaconBank::BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max)
+    : head_dim_(head_dim),
+      buffer_min_(buffer_min),
+      buffer_max_(buffer_max),
+      buffer_(static_cast<size_t>(buffer_max) * head_dim) {
+  BKV_CHECK(head_dim >= 1 && buffer_min >= 1 && buffer_min < buffer_max);
+}
+
+int64_t BeaconBank::CapacityBytes() const {
+  return static_cast<int64_t>(buffer_max_) * head_dim_ * static_cast<int64_t>(sizeof(float));
+}
+
+void BeaconBank::Append(const float* query) {
+  std::copy_n(query, head_dim_, buffer_.data() + static_cast<size_t>(size_) * head_dim_);
+  ++size_;
+  if (size_ == buffer_max_) Reduce();
+}
+
+void BeaconBank::Reduce() {
+  std::vector<int32_t> keep =
+      CosineFarthestPointOrder(buffer_.data(), size_, head_dim_, buffer_min_);
+  std::sort(keep.begin(), keep.end());  // survivors stay in arrival order
+  for (int32_t i = 0; i < buffer_min_; ++i) {
+    // keep[i] >= i, so moving forward in place never overwrites a survivor not yet moved.
+    std::copy_n(buffer_.data() + static_cast<size_t>(keep[i]) * head_dim_, head_dim_,
+                buffer_.data() + static_cast<size_t>(i) * head_dim_);
+  }
+  size_ = buffer_min_;
+  ++num_reductions_;
+}
+
+int32_t BeaconBank::Beacons(int32_t n_beacons, const Rope& rope, int64_t position,
+                            std::vector<float>* out) const {
+  const int32_t n = std::min(n_beacons, size_);
+  out->resize(static_cast<size_t>(n) * head_dim_);
+  const std::vector<int32_t> order = CosineFarthestPointOrder(buffer_.data(), size_, head_dim_, n);
+  for (int32_t b = 0; b < n; ++b) {
+    rope.Rotate(buffer_.data() + static_cast<size_t>(order[b]) * head_dim_, position,
+                out->data() + static_cast<size_t>(b) * head_dim_);
+  }
+  return n;
+}
+
+}  // namespace beaconkv

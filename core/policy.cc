@@ -1,0 +1,213 @@
+#include "core/policy.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "core/check.h"
+#include "core/policy_internal.h"
+#include "core/selection.h"
+
+namespace beaconkv {
+
+absl::Status PolicyState::CheckHead(int32_t layer, int32_t kv_head) const {
+  if (layer < 0 || layer >= geometry_.num_layers || kv_head < 0 ||
+      kv_head >= geometry_.num_kv_heads) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "policy %s: (layer %d, kv_head %d) out of range for %d layers x %d kv heads", policy_name(),
+        layer, kv_head, geometry_.num_layers, geometry_.num_kv_heads));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PolicyState::CheckStep(int32_t layer, int32_t kv_head, const StepQueries& step) const {
+  if (absl::Status s = CheckHead(layer, kv_head); !s.ok()) return s;
+  if (step.pre_rope == nullptr || step.post_rope == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "policy %s: (layer %d, kv_head %d) step at position %d has no pre-/post-RoPE queries",
+        policy_name(), layer, kv_head, step.position));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PolicyState::CheckKeys(int32_t layer, int32_t kv_head, const HeadKeys& keys) const {
+  if (keys.num_tokens < 0 || (keys.num_tokens > 0 && (!keys.keys || !keys.positions))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "policy %s: (layer %d, kv_head %d) keys need %d tokens of keys and positions",
+        policy_name(), layer, kv_head, keys.num_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PolicyState::CheckCompressArgs(int32_t layer, absl::Span<const HeadKeys> heads,
+                                            absl::Span<const int32_t> due, bool all_heads) const {
+  if (absl::Status s = CheckHead(layer, 0); !s.ok()) return s;
+  if (static_cast<int32_t>(heads.size()) != geometry_.num_kv_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("policy %s: layer %d: got keys of %d heads, expected num_kv_heads = %d",
+                        policy_name(), layer, heads.size(), geometry_.num_kv_heads));
+  }
+  for (size_t i = 0; i < due.size(); ++i) {
+    if (absl::Status s = CheckHead(layer, due[i]); !s.ok()) return s;
+    if (i > 0 && due[i] <= due[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("policy %s: due heads must be ascending and unique", policy_name()));
+    }
+  }
+  for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) {
+    const bool used = all_heads || std::binary_search(due.begin(), due.end(), h);
+    if (!used) continue;
+    if (absl::Status s = CheckKeys(layer, h, heads[h]); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,
+                                                            const PolicyGeometry& geometry,
+                                                            int32_t prompt_len) {
+  if (absl::Status s = ValidatePolicyConfig(config); !s.ok()) return s;
+  if (absl::Status s = geometry.rope.Validate(); !s.ok()) return s;
+  if (geometry.num_layers < 1 || geometry.num_kv_heads < 1 || geometry.group_size < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "policy geometry: num_layers=%d num_kv_heads=%d group_size=%d must all be >= 1",
+        geometry.num_layers, geometry.num_kv_heads, geometry.group_size));
+  }
+  if (prompt_len < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("prompt_len must be >= 0, got %d", prompt_len));
+  }
+  using namespace internal;  // NOLINT: factory functions
+  switch (config.index()) {
+    case 0:
+      return NewFullState(geometry, prompt_len);
+    case 1:
+      return NewStreamingState(std::get<StreamingConfig>(config), geometry, prompt_len);
+    case 2:
+      return NewH2OState(std::get<H2OConfig>(config), geometry, prompt_len);
+    case 3:
+      return NewTovaState(std::get<TovaConfig>(config), geometry, prompt_len);
+    case 4:
+      return NewSnapKvState(std::get<SnapKvConfig>(config), geometry, prompt_len);
+    case 5:
+      return NewRkvState(std::get<RkvConfig>(config), geometry, prompt_len);
+    case 6:
+      return NewRpcState(std::get<RpcConfig>(config), geometry, prompt_len);
+    case 7:
+      return NewBeaconState(std::get<BeaconConfig>(config), geometry, prompt_len);
+  }
+  return absl::InternalError("unhandled policy config");
+}
+
+absl::StatusOr<std::vector<int32_t>> RunPolicyOnHead(const PolicyConfig& config,
+                                                     const RopeConfig& rope,
+                                                     const OneHeadInput& input) {
+  PolicyGeometry geometry;
+  geometry.group_size = input.group_size;
+  geometry.rope = rope;
+  auto state_or = NewPolicyState(config, geometry, input.prompt_len);
+  if (!state_or.ok()) return state_or.status();
+  PolicyState& state = **state_or;
+  if (input.num_steps < 0 || (input.num_steps > 0 && (!input.queries_pre || !input.queries_post ||
+                                                      !input.query_positions))) {
+    return absl::InvalidArgumentError("RunPolicyOnHead: query history arrays are missing");
+  }
+  const size_t row = static_cast<size_t>(input.group_size) * rope.head_dim;
+  for (int32_t s = 0; s < input.num_steps; ++s) {
+    StepQueries step{input.query_positions[s], input.queries_pre + s * row,
+                     input.queries_post + s * row};
+    if (absl::Status st = state.Observe(0, 0, step, &input.keys); !st.ok()) return st;
+  }
+  int32_t current = input.current_position;
+  if (current < 0) {
+    for (int32_t i = 0; i < input.keys.num_tokens; ++i) {
+      current = std::max(current, input.keys.positions[i]);
+    }
+    current = std::max(current, 0);
+  }
+  const int32_t due[1] = {0};
+  auto keep_or = state.Compress(0, absl::MakeConstSpan(&input.keys, 1), due, current);
+  if (!keep_or.ok()) return keep_or.status();
+  BKV_CHECK(keep_or->size() == 1);
+  return std::move((*keep_or)[0].slots);
+}
+
+namespace internal {
+
+void QueryRing::Push(const float* row) {
+  if (capacity_ == 0) return;
+  std::copy_n(row, row_floats_, data_.data() + static_cast<size_t>(next_) * row_floats_);
+  next_ = (next_ + 1) % capacity_;
+  size_ = std::min(size_ + 1, capacity_);
+}
+
+void QueryRing::CopyOrdered(float* out) const {
+  const int32_t first = (next_ - size_ + capacity_) % std::max(capacity_, 1);
+  for (int32_t i = 0; i < size_; ++i) {
+    const int32_t slot = (first + i) % capacity_;
+    std::copy_n(data_.data() + static_cast<size_t>(slot) * row_floats_, row_floats_,
+                out + static_cast<size_t>(i) * row_floats_);
+  }
+}
+
+std::vector<int32_t> DueUniform(absl::Span<const int32_t> head_tokens, int64_t threshold) {
+  std::vector<int32_t> due;
+  for (size_t h = 0; h < head_tokens.size(); ++h) {
+    if (head_tokens[h] >= threshold) due.push_back(static_cast<int32_t>(h));
+  }
+  return due;
+}
+
+std::vector<int32_t> DuePooled(absl::Span<const int32_t> head_tokens, int64_t threshold) {
+  int64_t total = 0;
+  for (int32_t t : head_tokens) total += t;
+  std::vector<int32_t> due;
+  if (total >= threshold * static_cast<int64_t>(head_tokens.size())) {
+    for (size_t h = 0; h < head_tokens.size(); ++h) due.push_back(static_cast<int32_t>(h));
+  }
+  return due;
+}
+
+HeadKeepSet ToKeepSet(int32_t layer, int32_t kv_head, const OrderedHead& ordered,
+                      absl::Span<const int32_t> indexes) {
+  HeadKeepSet keep{layer, kv_head, {}};
+  keep.slots.reserve(indexes.size());
+  for (int32_t i : indexes) keep.slots.push_back(ordered.slot(i));
+  if (!std::is_sorted(keep.slots.begin(), keep.slots.end())) {
+    std::sort(keep.slots.begin(), keep.slots.end());
+  }
+  return keep;
+}
+
+std::vector<HeadKeepSet> SelectScoredHeads(int32_t layer, std::vector<ScoredHead>& heads,
+                                           BudgetMode mode, int64_t budget) {
+  std::vector<HeadCandidates> cands;
+  cands.reserve(heads.size());
+  for (ScoredHead& h : heads) {
+    const int32_t n = h.ordered->size();
+    h.protect.resize(n, 0);
+    h.scores.resize(n, 0.0f);
+    cands.push_back({absl::MakeConstSpan(h.ordered->positions(), n), h.protect, h.scores});
+  }
+  std::vector<HeadKeepSet> out;
+  out.reserve(heads.size());
+  if (mode == BudgetMode::kUniform) {
+    for (size_t i = 0; i < heads.size(); ++i) {
+      const std::vector<int32_t> idx = SelectUniform(cands[i], budget);
+      out.push_back(ToKeepSet(layer, heads[i].kv_head, *heads[i].ordered, idx));
+    }
+  } else {
+    const std::vector<std::vector<int32_t>> idx =
+        SelectPooled(cands, budget * static_cast<int64_t>(heads.size()));
+    for (size_t i = 0; i < heads.size(); ++i) {
+      out.push_back(ToKeepSet(layer, heads[i].kv_head, *heads[i].ordered, idx[i]));
+    }
+  }
+  return out;
+}
+
+int32_t CountPrompt(const OrderedHead& ordered, int32_t prompt_len) {
+  const int32_t* p = ordered.positions();
+  return static_cast<int32_t>(std::lower_bound(p, p + ordered.size(), prompt_len) - p);
+}
+
+}  // namespace internal
+}  // namespace beaconkv

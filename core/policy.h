@@ -1,0 +1,104 @@
+// The eviction-policy interface the engine drives, per sequence:
+//
+//   auto state = NewPolicyState(config, geometry, prompt_len);   // once per sequence
+//   each decode step, for every (layer, kv_head):
+//     state->Observe(layer, kv_head, {position, pre_rope_q, post_rope_q}, keys_or_null);
+//   each decode step, for every layer:
+//     due = state->DueHeads(layer, tokens_per_head);
+//     if (!due.empty()) keep = state->Compress(layer, keys_of_all_heads, due, position);
+//     -> BlockManager::ApplyKeepSets(seq, keep)
+//
+// All per-sequence memory (recent-query rings, beacon buffers, H2O accumulators, RPC
+// counters) lives in the PolicyState; policies are otherwise stateless. A state is not
+// thread-safe (it keeps scratch buffers): use one per sequence, from one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/policy_config.h"
+#include "core/policy_types.h"
+
+namespace beaconkv {
+
+class PolicyState {
+ public:
+  virtual ~PolicyState() = default;
+
+  virtual std::string_view policy_name() const = 0;
+  const PolicyGeometry& geometry() const { return geometry_; }
+  int32_t prompt_len() const { return prompt_len_; }
+
+  // True when Observe() needs the head's keys (h2o accumulates attention over them).
+  virtual bool NeedsKeysOnObserve() const { return false; }
+
+  // Records one step's queries of (layer, kv_head), oldest step first. Prefill positions
+  // may be fed too (h2o sums prefill attention; the others keep only what they need).
+  // `keys`: the head's cache including this step's own token; required only when
+  // NeedsKeysOnObserve(), otherwise may be null. Keys with a position greater than
+  // step.position are ignored (causal).
+  virtual absl::Status Observe(int32_t layer, int32_t kv_head, const StepQueries& step,
+                               const HeadKeys* keys) = 0;
+
+  // The kv_heads of `layer` due for compression (ascending). head_tokens: [num_kv_heads].
+  virtual std::vector<int32_t> DueHeads(int32_t layer,
+                                        absl::Span<const int32_t> head_tokens) const = 0;
+
+  // Compresses `due` heads of `layer` (ascending kv_head indexes, usually from DueHeads;
+  // any subset forces compression). heads: [num_kv_heads], every head's keys; entries of heads
+  // not in `due` are read only by per-layer policies (pooled budgets, rpc), which compress
+  // every head of the layer. current_position: the newest token's position (beacons are
+  // rotated to it). Returns one keep-set per compressed head.
+  virtual absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer,
+                                                            absl::Span<const HeadKeys> heads,
+                                                            absl::Span<const int32_t> due,
+                                                            int32_t current_position) = 0;
+
+  // Bytes of per-sequence state held now, and at most (buffers at capacity).
+  virtual int64_t StateBytes() const = 0;
+
+ protected:
+  PolicyState(const PolicyGeometry& geometry, int32_t prompt_len)
+      : geometry_(geometry), prompt_len_(prompt_len) {}
+
+  absl::Status CheckHead(int32_t layer, int32_t kv_head) const;
+  absl::Status CheckKeys(int32_t layer, int32_t kv_head, const HeadKeys& keys) const;
+  // Head in range and the step's query pointers set.
+  absl::Status CheckStep(int32_t layer, int32_t kv_head, const StepQueries& step) const;
+  absl::Status CheckCompressArgs(int32_t layer, absl::Span<const HeadKeys> heads,
+                                 absl::Span<const int32_t> due, bool all_heads) const;
+
+  PolicyGeometry geometry_;
+  int32_t prompt_len_;
+};
+
+// Validates config and geometry (kInvalidArgument with the reason) and creates the state.
+absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,
+                                                            const PolicyGeometry& geometry,
+                                                            int32_t prompt_len);
+
+// Everything needed to run a policy once on one head, e.g. from NumPy.
+struct OneHeadInput {
+  HeadKeys keys;  // [num_tokens, head_dim] post-RoPE + positions
+  int32_t prompt_len = 0;
+  int32_t group_size = 1;
+  int32_t num_steps = 0;                     // query history length, oldest first
+  const float* queries_pre = nullptr;        // [num_steps, group_size, head_dim]
+  const float* queries_post = nullptr;       // [num_steps, group_size, head_dim]
+  const int32_t* query_positions = nullptr;  // [num_steps]
+  int32_t current_position = -1;             // -1: the largest key position
+};
+
+// Feeds the query history to a fresh 1-layer, 1-head state and compresses once (forced,
+// whatever the trigger says; a head within budget keeps everything). Returns the kept slots,
+// ascending.
+absl::StatusOr<std::vector<int32_t>> RunPolicyOnHead(const PolicyConfig& config,
+                                                     const RopeConfig& rope,
+                                                     const OneHeadInput& input);
+
+}  // namespace beaconkv

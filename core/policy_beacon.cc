@@ -1,0 +1,132 @@
+// beacon: BeaconKV (DESIGN.md §3). Observation set = the newest n_recent post-RoPE queries of
+// every query head of the group + n_beacons beacons (FPS over the pre-RoPE query buffer,
+// rotated to the current position); score = max over all of them of the softmax attention.
+#include <algorithm>
+#include <memory>
+
+#include "absl/strings/str_format.h"
+#include "core/beacon_bank.h"
+#include "core/check.h"
+#include "core/policy_internal.h"
+
+namespace beaconkv::internal {
+namespace {
+
+class BeaconState final : public PolicyState {
+ public:
+  BeaconState(const BeaconConfig& c, const PolicyGeometry& g, int32_t prompt_len, Rope rope)
+      : PolicyState(g, prompt_len), config_(c), rope_(std::move(rope)) {
+    rings_.assign(g.num_heads_total(), QueryRing(c.n_recent, g.group_size * g.head_dim()));
+    banks_.reserve(g.num_heads_total());
+    for (int32_t i = 0; i < g.num_heads_total(); ++i) {
+      banks_.emplace_back(g.head_dim(), c.buffer_min, c.buffer_max);
+    }
+  }
+
+  std::string_view policy_name() const override { return "beacon"; }
+
+  absl::Status Observe(int32_t layer, int32_t kv_head, const StepQueries& step,
+                       const HeadKeys*) override {
+    if (absl::Status s = CheckStep(layer, kv_head, step); !s.ok()) return s;
+    const int32_t index = geometry_.HeadIndex(layer, kv_head);
+    rings_[index].Push(step.post_rope);
+    for (int32_t h = 0; h < geometry_.group_size; ++h) {
+      banks_[index].Append(step.pre_rope + static_cast<size_t>(h) * geometry_.head_dim());
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<int32_t> DueHeads(int32_t, absl::Span<const int32_t> tokens) const override {
+    const int64_t threshold = int64_t{config_.budget} + config_.interval;
+    return config_.budget_mode == BudgetMode::kUniform ? DueUniform(tokens, threshold)
+                                                       : DuePooled(tokens, threshold);
+  }
+
+  absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                    absl::Span<const int32_t> due,
+                                                    int32_t current_position) override {
+    const bool pooled = config_.budget_mode == BudgetMode::kPooled;
+    if (absl::Status s = CheckCompressArgs(layer, heads, due, pooled); !s.ok()) return s;
+    std::vector<int32_t> all;
+    if (pooled) {
+      for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) all.push_back(h);
+      due = all;
+    }
+    const int32_t d = geometry_.head_dim();
+    std::vector<ScoredHead> scored;
+    for (int32_t h : due) {
+      ScoredHead sh;
+      sh.kv_head = h;
+      sh.ordered = std::make_unique<OrderedHead>(heads[h], d);
+      const int32_t n = sh.ordered->size();
+      sh.scores.assign(n, 0.0f);
+      sh.protect = ProtectMask(*sh.ordered);
+      if (pooled || n > config_.budget) {
+        ScoreHead(geometry_.HeadIndex(layer, h), *sh.ordered, current_position, sh.scores.data());
+      }
+      scored.push_back(std::move(sh));
+    }
+    return SelectScoredHeads(layer, scored, config_.budget_mode, config_.budget);
+  }
+
+  int64_t StateBytes() const override {
+    int64_t b = 0;
+    for (const QueryRing& r : rings_) b += r.Bytes();
+    for (const BeaconBank& k : banks_) b += k.CapacityBytes();
+    return b;
+  }
+
+ private:
+  // Prompt (when it fits beside the recent window) or else the first n_sinks tokens, plus
+  // the newest n_recent tokens.
+  std::vector<uint8_t> ProtectMask(const OrderedHead& ordered) const {
+    const int32_t n = ordered.size();
+    std::vector<uint8_t> protect(n, 0);
+    const int32_t prompt = CountPrompt(ordered, prompt_len_);
+    const bool keep_prompt =
+        config_.protect_prompt && int64_t{prompt} + config_.n_recent <= config_.budget;
+    const int32_t head = keep_prompt ? prompt : std::min(config_.n_sinks, n);
+    for (int32_t i = 0; i < head; ++i) protect[i] = 1;
+    for (int32_t i = std::max(n - config_.n_recent, 0); i < n; ++i) protect[i] = 1;
+    return protect;
+  }
+
+  void ScoreHead(int32_t head_index, const OrderedHead& ordered, int32_t current_position,
+                 float* scores) {
+    const int32_t d = geometry_.head_dim();
+    const int32_t g = geometry_.group_size;
+    const QueryRing& ring = rings_[head_index];
+    const int32_t recent_rows = ring.size() * g;
+    const int32_t beacons =
+        banks_[head_index].Beacons(config_.n_beacons, rope_, current_position, &beacons_);
+    // Every recent query of every query head, and every beacon, is one observation row;
+    // max over rows == max over queries and over the group.
+    queries_.resize(static_cast<size_t>(recent_rows + beacons) * d);
+    ring.CopyOrdered(queries_.data());
+    std::copy(beacons_.begin(), beacons_.end(),
+              queries_.begin() + static_cast<ptrdiff_t>(recent_rows) * d);
+    const int32_t n = ordered.size();
+    AttentionScores(ordered.keys(), 0, n, d, queries_.data(), recent_rows + beacons, 1,
+                    {GqaReduction::kMaxProbs, QueryReduction::kMax}, scores, &scratch_);
+    Pool1d(Pooling::kMax, config_.pool_kernel, absl::MakeSpan(scores, n));
+  }
+
+  BeaconConfig config_;
+  Rope rope_;
+  std::vector<QueryRing> rings_;   // [num_heads_total], newest n_recent post-RoPE steps
+  std::vector<BeaconBank> banks_;  // [num_heads_total], pre-RoPE query buffers
+  std::vector<float> beacons_;     // [n_beacons, head_dim] scratch
+  std::vector<float> queries_;     // [rows, head_dim] scratch
+  ScoreScratch scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<PolicyState> NewBeaconState(const BeaconConfig& c, const PolicyGeometry& g,
+                                            int32_t prompt_len) {
+  absl::StatusOr<Rope> rope = Rope::Create(g.rope);
+  BKV_CHECK(rope.ok());  // validated by NewPolicyState
+  return std::make_unique<BeaconState>(c, g, prompt_len, *std::move(rope));
+}
+
+}  // namespace beaconkv::internal

@@ -1,0 +1,125 @@
+// Configuration of every eviction policy: one struct per policy, every knob a named field
+// with its default. Defaults follow ../shared/reference/kv-eviction-methods.md; where the
+// published method is silent, DESIGN.md §3 fixes the value. docs/policies.md lists them all.
+//
+// Trigger convention shared by the budgeted policies: a head holding `budget + interval`
+// tokens is compressed back to `budget`, so it oscillates between the two. interval = 1
+// means "every step once over budget" (StreamingLLM, H2O, TOVA as published).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/scoring.h"
+
+namespace beaconkv {
+
+enum class BudgetMode {
+  kUniform,  // every head keeps `budget` tokens
+  kPooled,   // a layer keeps budget * num_kv_heads tokens; heads compete on normalised scores
+};
+
+// No eviction.
+struct FullConfig {};
+
+// StreamingLLM: the first n_sinks tokens plus the newest (budget - n_sinks). Positions are
+// kept as originally assigned (the R-KV / kvpress reimplementation, not pos_shift).
+struct StreamingConfig {
+  int32_t budget = 2048;
+  int32_t n_sinks = 4;   // start_size
+  int32_t interval = 1;  // evict every step once over budget
+};
+
+// H2O: accumulated attention. Each head sums, for every key, the softmax attention every
+// observed query row (all query heads of the group, prefill rows included) paid it. Keeps
+// the newest `recent` = floor(budget * recent_fraction) tokens and the heaviest others.
+struct H2OConfig {
+  int32_t budget = 2048;
+  double recent_fraction = 0.5;  // heavy_ratio = recent_ratio = 0.1 in the paper: half/half
+  int32_t interval = 1;          // every step once over budget
+};
+
+// TOVA: keep the `budget` tokens the last query attends to most (mean over the group).
+struct TovaConfig {
+  int32_t budget = 2048;
+  int32_t interval = 1;  // every step once over budget
+};
+
+// SnapKV, decode-time variant of R-KV's codebase: the newest `window` post-RoPE queries,
+// max of logits over the group, softmax over the non-window keys, mean over the queries,
+// max-pooling; keeps the top (budget - window) non-window tokens plus the window.
+struct SnapKvConfig {
+  int32_t budget = 2048;
+  int32_t window = 8;       // alpha: observation queries and always-kept newest tokens
+  int32_t pool_kernel = 7;  // 1 = no pooling
+  Pooling pooling = Pooling::kMax;
+  int32_t interval = 128;
+  BudgetMode budget_mode = BudgetMode::kUniform;
+};
+
+// R-KV: z = lambda * importance - (1 - lambda) * redundancy; importance as SnapKvConfig.
+struct RkvConfig {
+  int32_t budget = 2048;
+  int32_t window = 8;
+  int32_t pool_kernel = 7;
+  double lambda = 0.1;                // paper/README; the code's default is 0.07
+  double redundancy_threshold = 0.5;  // cosine above which two keys are near-duplicates
+  int32_t interval = 128;
+  // Uniform budgets only: z can be negative, so pooled normalisation is undefined.
+};
+
+// RPC: periodic, ratio-based, one token set per layer (scores averaged over all heads).
+// Fires when a layer holds prompt + kept + window + period tokens; the k-th compression
+// (k = 1, 2, ...) keeps k * (period / ratio) generated tokens, plus the prompt and the
+// newest `window` tokens. Previously kept tokens are re-scored.
+struct RpcConfig {
+  int32_t period = 1024;  // P
+  int32_t window = 32;    // R: selector queries and always-kept newest tokens
+  int32_t ratio = 4;      // c
+  int32_t pool_kernel = 7;
+  Pooling pooling = Pooling::kAvg;
+};
+
+// BeaconKV (DESIGN.md §3).
+struct BeaconConfig {
+  int32_t budget = 2048;
+  int32_t interval = 128;
+  int32_t n_recent = 16;     // recent post-RoPE queries per query head; newest tokens kept
+  int32_t n_beacons = 16;    // beacons drawn from the buffer at each compression
+  int32_t buffer_max = 256;  // pre-RoPE queries buffered per (layer, kv_head) before FPS
+  int32_t buffer_min = 64;   // size FPS reduces the buffer to
+  int32_t pool_kernel = 1;   // max-pooling over neighbouring tokens; 1 = off
+  bool protect_prompt = true;
+  int32_t n_sinks = 4;  // first tokens kept when the prompt is not protected
+  BudgetMode budget_mode = BudgetMode::kUniform;
+};
+
+using PolicyConfig = std::variant<FullConfig, StreamingConfig, H2OConfig, TovaConfig, SnapKvConfig,
+                                  RkvConfig, RpcConfig, BeaconConfig>;
+
+// "full", "streaming", "h2o", "tova", "snapkv", "rkv", "rpc", "beacon".
+const std::vector<std::string>& PolicyNames();
+std::string_view PolicyName(const PolicyConfig& config);
+// The default configuration of a policy by name; unknown names -> kInvalidArgument.
+absl::StatusOr<PolicyConfig> DefaultPolicyConfig(std::string_view name);
+// kInvalidArgument naming the policy and knob when a configuration cannot work.
+absl::Status ValidatePolicyConfig(const PolicyConfig& config);
+
+std::string_view BudgetModeName(BudgetMode mode);
+absl::StatusOr<BudgetMode> ParseBudgetMode(std::string_view name);
+
+// The four choices every policy makes silently in its source paper/code, stated.
+struct PolicyTraits {
+  std::string query_space;    // which queries score the keys
+  std::string gqa_reduction;  // how a GQA group's query heads are combined
+  std::string pooling;        // smoothing over neighbouring tokens
+  std::string trigger;        // when a head (or layer) is compressed
+};
+PolicyTraits DescribePolicy(const PolicyConfig& config);
+
+}  // namespace beaconkv

@@ -1,0 +1,76 @@
+// Pieces shared by the policy implementations; not part of the public interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "core/policy.h"
+#include "core/scoring.h"
+
+namespace beaconkv::internal {
+
+// The newest `capacity` steps of one head's queries, each `row_floats` floats.
+class QueryRing {
+ public:
+  QueryRing(int32_t capacity, int32_t row_floats)
+      : capacity_(capacity),
+        row_floats_(row_floats),
+        data_(static_cast<size_t>(capacity) * row_floats) {}
+
+  void Push(const float* row);
+  int32_t size() const { return size_; }
+  // Copies the held steps, oldest first, into out: [size, row_floats].
+  void CopyOrdered(float* out) const;
+  int64_t Bytes() const { return static_cast<int64_t>(data_.size() * sizeof(float)); }
+
+ private:
+  int32_t capacity_;
+  int32_t row_floats_;
+  int32_t size_ = 0;
+  int32_t next_ = 0;         // ring slot the next Push writes
+  std::vector<float> data_;  // [capacity, row_floats]
+};
+
+// One head's scored selection problem, in position order.
+struct ScoredHead {
+  int32_t kv_head = 0;
+  std::unique_ptr<OrderedHead> ordered;
+  std::vector<uint8_t> protect;  // [n]
+  std::vector<float> scores;     // [n]
+};
+
+// Heads holding at least `threshold` tokens.
+std::vector<int32_t> DueUniform(absl::Span<const int32_t> head_tokens, int64_t threshold);
+// Every head when the layer holds at least threshold * num_kv_heads tokens, else none.
+std::vector<int32_t> DuePooled(absl::Span<const int32_t> head_tokens, int64_t threshold);
+
+// Position-order indexes of one head -> its keep-set (slots ascending).
+HeadKeepSet ToKeepSet(int32_t layer, int32_t kv_head, const OrderedHead& ordered,
+                      absl::Span<const int32_t> indexes);
+
+// Uniform: each head keeps `budget`; pooled: the heads share budget * heads.size().
+std::vector<HeadKeepSet> SelectScoredHeads(int32_t layer, std::vector<ScoredHead>& heads,
+                                           BudgetMode mode, int64_t budget);
+
+// Number of tokens with position < prompt_len (positions ascending).
+int32_t CountPrompt(const OrderedHead& ordered, int32_t prompt_len);
+
+std::unique_ptr<PolicyState> NewFullState(const PolicyGeometry& g, int32_t prompt_len);
+std::unique_ptr<PolicyState> NewStreamingState(const StreamingConfig& c, const PolicyGeometry& g,
+                                               int32_t prompt_len);
+std::unique_ptr<PolicyState> NewH2OState(const H2OConfig& c, const PolicyGeometry& g,
+                                         int32_t prompt_len);
+std::unique_ptr<PolicyState> NewTovaState(const TovaConfig& c, const PolicyGeometry& g,
+                                          int32_t prompt_len);
+std::unique_ptr<PolicyState> NewSnapKvState(const SnapKvConfig& c, const PolicyGeometry& g,
+                                            int32_t prompt_len);
+std::unique_ptr<PolicyState> NewRkvState(const RkvConfig& c, const PolicyGeometry& g,
+                                         int32_t prompt_len);
+std::unique_ptr<PolicyState> NewRpcState(const RpcConfig& c, const PolicyGeometry& g,
+                                         int32_t prompt_len);
+std::unique_ptr<PolicyState> NewBeaconState(const BeaconConfig& c, const PolicyGeometry& g,
+                                            int32_t prompt_len);
+
+}  // namespace beaconkv::internal

@@ -1,0 +1,130 @@
+// snapkv (decode-time variant) and rkv: a window of the newest post-RoPE queries scores the
+// keys outside the window; the window's tokens are always kept.
+#include <memory>
+
+#include "core/policy_internal.h"
+#include "core/redundancy.h"
+
+namespace beaconkv::internal {
+namespace {
+
+struct WindowedParams {
+  int32_t budget;
+  int32_t window;
+  int32_t pool_kernel;
+  Pooling pooling;
+  int32_t interval;
+  BudgetMode budget_mode;
+  bool redundancy;  // rkv
+  float lambda;
+  float threshold;
+};
+
+class WindowedState final : public PolicyState {
+ public:
+  WindowedState(std::string_view name, const WindowedParams& p, const PolicyGeometry& g,
+                int32_t prompt_len)
+      : PolicyState(g, prompt_len), name_(name), p_(p) {
+    rings_.assign(g.num_heads_total(), QueryRing(p.window, g.group_size * g.head_dim()));
+  }
+
+  std::string_view policy_name() const override { return name_; }
+
+  absl::Status Observe(int32_t layer, int32_t kv_head, const StepQueries& step,
+                       const HeadKeys*) override {
+    if (absl::Status s = CheckStep(layer, kv_head, step); !s.ok()) return s;
+    rings_[geometry_.HeadIndex(layer, kv_head)].Push(step.post_rope);
+    return absl::OkStatus();
+  }
+
+  std::vector<int32_t> DueHeads(int32_t, absl::Span<const int32_t> tokens) const override {
+    const int64_t threshold = int64_t{p_.budget} + p_.interval;
+    return p_.budget_mode == BudgetMode::kUniform ? DueUniform(tokens, threshold)
+                                                  : DuePooled(tokens, threshold);
+  }
+
+  absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                    absl::Span<const int32_t> due,
+                                                    int32_t) override {
+    const bool pooled = p_.budget_mode == BudgetMode::kPooled;
+    if (absl::Status s = CheckCompressArgs(layer, heads, due, pooled); !s.ok()) return s;
+    std::vector<int32_t> all;
+    if (pooled) {
+      for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) all.push_back(h);
+      due = all;
+    }
+    const int32_t d = geometry_.head_dim();
+    const int32_t g = geometry_.group_size;
+    std::vector<ScoredHead> scored;
+    for (int32_t h : due) {
+      ScoredHead sh;
+      sh.kv_head = h;
+      sh.ordered = std::make_unique<OrderedHead>(heads[h], d);
+      const int32_t n = sh.ordered->size();
+      sh.scores.assign(n, 0.0f);
+      sh.protect.assign(n, 0);
+      const int32_t region = std::max(n - p_.window, 0);
+      for (int32_t i = region; i < n; ++i) sh.protect[i] = 1;
+      if (pooled || n > p_.budget)
+        ScoreHead(geometry_.HeadIndex(layer, h), *sh.ordered, region, d, g, sh.scores.data());
+      scored.push_back(std::move(sh));
+    }
+    return SelectScoredHeads(layer, scored, p_.budget_mode, p_.budget);
+  }
+
+  int64_t StateBytes() const override {
+    int64_t b = 0;
+    for (const QueryRing& r : rings_) b += r.Bytes();
+    return b;
+  }
+
+ private:
+  // scores[0, region) = importance (and, for rkv, minus redundancy) of the non-window keys.
+  void ScoreHead(int32_t head_index, const OrderedHead& ordered, int32_t region, int32_t d,
+                 int32_t g, float* scores) {
+    if (region <= 0) return;
+    const QueryRing& ring = rings_[head_index];
+    queries_.resize(static_cast<size_t>(std::max(ring.size(), 1)) * g * d);
+    ring.CopyOrdered(queries_.data());
+    AttentionScores(ordered.keys(), 0, region, d, queries_.data(), ring.size(), g,
+                    {GqaReduction::kMaxLogits, QueryReduction::kMean}, scores, &scratch_);
+    Pool1d(p_.pooling, p_.pool_kernel, absl::MakeSpan(scores, region));
+    if (!p_.redundancy) return;
+    const int32_t n = ordered.size();
+    redundancy_.resize(n);
+    RedundancyScores(ordered.keys(), n, d, p_.threshold, redundancy_.data());
+    for (int32_t i = 0; i < region; ++i) {
+      scores[i] = p_.lambda * scores[i] - (1.0f - p_.lambda) * redundancy_[i];
+    }
+  }
+
+  std::string_view name_;
+  WindowedParams p_;
+  std::vector<QueryRing> rings_;   // [num_heads_total], newest `window` post-RoPE steps
+  std::vector<float> queries_;     // [window, group_size, head_dim] scratch
+  std::vector<float> redundancy_;  // [num_tokens] scratch
+  ScoreScratch scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<PolicyState> NewSnapKvState(const SnapKvConfig& c, const PolicyGeometry& g,
+                                            int32_t prompt_len) {
+  return std::make_unique<WindowedState>(
+      "snapkv",
+      WindowedParams{c.budget, c.window, c.pool_kernel, c.pooling, c.interval, c.budget_mode, false,
+                     1.0f, 0.0f},
+      g, prompt_len);
+}
+
+std::unique_ptr<PolicyState> NewRkvState(const RkvConfig& c, const PolicyGeometry& g,
+                                         int32_t prompt_len) {
+  return std::make_unique<WindowedState>(
+      "rkv",
+      WindowedParams{c.budget, c.window, c.pool_kernel, Pooling::kMax, c.interval,
+                     BudgetMode::kUniform, true, static_cast<float>(c.lambda),
+                     static_cast<float>(c.redundancy_threshold)},
+      g, prompt_len);
+}
+
+}  // namespace beaconkv::internal

@@ -1,0 +1,88 @@
+#include "core/selection.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace beaconkv {
+
+std::vector<int32_t> TopKUnprotected(const HeadCandidates& head, int64_t k) {
+  const int32_t n = static_cast<int32_t>(head.positions.size());
+  BKV_CHECK(head.protect.size() == head.positions.size());
+  BKV_CHECK(head.scores.size() == head.positions.size());
+  std::vector<int32_t> cand;
+  cand.reserve(n);
+  for (int32_t i = 0; i < n; ++i) {
+    if (!head.protect[i]) cand.push_back(i);
+  }
+  if (k <= 0) return {};
+  if (k >= static_cast<int64_t>(cand.size())) return cand;
+  auto better = [&](int32_t a, int32_t b) {
+    if (head.scores[a] != head.scores[b]) return head.scores[a] > head.scores[b];
+    return head.positions[a] > head.positions[b];
+  };
+  std::nth_element(cand.begin(), cand.begin() + k, cand.end(), better);
+  cand.resize(k);
+  return cand;
+}
+
+std::vector<int32_t> SelectUniform(const HeadCandidates& head, int64_t budget) {
+  const int32_t n = static_cast<int32_t>(head.positions.size());
+  int64_t num_protected = 0;
+  for (int32_t i = 0; i < n; ++i) num_protected += head.protect[i] ? 1 : 0;
+  std::vector<uint8_t> keep_mask(head.protect.begin(), head.protect.end());
+  for (int32_t i : TopKUnprotected(head, budget - num_protected)) keep_mask[i] = 1;
+  std::vector<int32_t> keep;
+  keep.reserve(std::min<int64_t>(n, std::max<int64_t>(budget, num_protected)));
+  for (int32_t i = 0; i < n; ++i) {
+    if (keep_mask[i]) keep.push_back(i);
+  }
+  return keep;
+}
+
+std::vector<std::vector<int32_t>> SelectPooled(absl::Span<const HeadCandidates> heads,
+                                               int64_t layer_budget) {
+  struct Entry {
+    float score;
+    int32_t position;
+    int32_t head;
+    int32_t index;
+  };
+  std::vector<std::vector<int32_t>> keep(heads.size());
+  std::vector<Entry> entries;
+  int64_t num_protected = 0;
+  for (size_t h = 0; h < heads.size(); ++h) {
+    const HeadCandidates& c = heads[h];
+    const int32_t n = static_cast<int32_t>(c.positions.size());
+    double mass = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+      if (c.protect[i]) {
+        keep[h].push_back(i);
+        ++num_protected;
+      } else {
+        mass += c.scores[i];
+      }
+    }
+    const float inv = mass > 0.0 ? static_cast<float>(1.0 / mass) : 0.0f;
+    for (int32_t i = 0; i < n; ++i) {
+      if (!c.protect[i]) {
+        entries.push_back({c.scores[i] * inv, c.positions[i], static_cast<int32_t>(h), i});
+      }
+    }
+  }
+  const int64_t k = std::min<int64_t>(std::max<int64_t>(layer_budget - num_protected, 0),
+                                      static_cast<int64_t>(entries.size()));
+  auto better = [](const Entry& a, const Entry& b) {
+    if (a.score != b.score) return a.score > b.score;
+    if (a.position != b.position) return a.position > b.position;
+    return a.head < b.head;
+  };
+  if (k < static_cast<int64_t>(entries.size())) {
+    std::nth_element(entries.begin(), entries.begin() + k, entries.end(), better);
+  }
+  for (int64_t e = 0; e < k; ++e) keep[entries[e].head].push_back(entries[e].index);
+  for (auto& v : keep) std::sort(v.begin(), v.end());
+  return keep;
+}
+
+}  // namespace beaconkv

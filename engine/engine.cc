@@ -1,0 +1,415 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_format.h"
+#include "core/check.h"
+#include "engine/tokenizer.h"
+
+namespace beaconkv {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Adds the time from construction to destruction to `*acc`.
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(double* acc) : acc_(acc), start_(Now()) {}
+  ~ScopedTimer() { *acc_ += Now() - start_; }
+
+ private:
+  double* acc_;
+  double start_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::FromModelDir(const std::string& model_dir,
+                                                             const EngineConfig& config) {
+  absl::StatusOr<ModelWeights> weights = LoadModelWeights(model_dir);
+  if (!weights.ok()) return weights.status();
+  EngineConfig c = config;
+  if (c.eos_token_id < 0) {
+    absl::StatusOr<CharTokenizer> tok = CharTokenizer::Load(model_dir);
+    if (!tok.ok()) return tok.status();
+    c.eos_token_id = tok->eos_id();
+  }
+  return Create(*std::move(weights), c);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(ModelWeights weights,
+                                                       const EngineConfig& config_in) {
+  EngineConfig config = config_in;
+  if (absl::Status s = ValidatePolicyConfig(config.policy); !s.ok()) return s;
+  if (config.max_batch < 1 || config.watermark_blocks < 0 || config.block_size < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "engine config: max_batch=%d (>= 1), watermark_blocks=%d (>= 0), block_size=%d (>= 1)",
+        config.max_batch, config.watermark_blocks, config.block_size));
+  }
+  absl::StatusOr<ModelRunner> runner = ModelRunner::Create(std::move(weights), config.num_threads);
+  if (!runner.ok()) return runner.status();
+  const ModelConfig& mc = runner->config();
+  if (config.max_model_len <= 0) config.max_model_len = mc.max_position_embeddings;
+  if (config.max_model_len <= 0) {
+    return absl::InvalidArgumentError(
+        "max_model_len is unset and the model has no "
+        "max_position_embeddings");
+  }
+  BlockManagerConfig bc;
+  bc.shape = {mc.num_layers, mc.num_kv_heads, mc.head_dim, config.block_size};
+  if (config.num_blocks == 0) {
+    config.num_blocks = 1 + config.max_batch * bc.shape.num_heads_total() *
+                                bc.shape.BlocksFor(config.max_model_len);
+  }
+  if (config.preemption == PreemptionMode::kSwap && config.num_host_blocks == 0)
+    config.num_host_blocks = config.num_blocks;
+  bc.num_blocks = config.num_blocks;
+  bc.num_host_blocks = config.num_host_blocks;
+  if (absl::Status s = BlockManager::ValidateConfig(bc); !s.ok()) return s;
+  auto store = std::make_unique<CpuKvStore>(bc.num_blocks, bc.shape.block_size, mc.head_dim);
+  absl::StatusOr<std::unique_ptr<BlockManager>> bm = BlockManager::Create(bc, store.get());
+  if (!bm.ok()) return bm.status();
+  return std::unique_ptr<Engine>(
+      new Engine(config, *std::move(runner), std::move(store), *std::move(bm)));
+}
+
+Engine::Engine(const EngineConfig& config, ModelRunner runner, std::unique_ptr<CpuKvStore> store,
+               std::unique_ptr<BlockManager> bm)
+    : config_(config), runner_(std::move(runner)), store_(std::move(store)), bm_(std::move(bm)) {}
+
+int32_t Engine::PromptBlocks(int64_t tokens) const {
+  return bm_->shape().num_heads_total() * bm_->shape().BlocksFor(tokens);
+}
+
+absl::Status Engine::AddRequest(Request request) {
+  const ModelConfig& mc = runner_.config();
+  if (seqs_.contains(request.id))
+    return absl::InvalidArgumentError(
+        absl::StrFormat("request id %d is already queued", request.id));
+  if (request.prompt.empty())
+    return absl::InvalidArgumentError(
+        absl::StrFormat("request %d has an empty prompt", request.id));
+  for (const std::vector<int32_t>* ids : {&request.prompt, &request.forced_output}) {
+    for (int32_t t : *ids) {
+      if (t < 0 || t >= mc.vocab_size)
+        return absl::InvalidArgumentError(
+            absl::StrFormat("request %d: token id %d is outside the vocabulary [0, %d)", request.id,
+                            t, mc.vocab_size));
+    }
+  }
+  if (absl::Status s = request.sampling.Validate(); !s.ok()) return s;
+  const int64_t prompt_len = static_cast<int64_t>(request.prompt.size());
+  if (prompt_len >= config_.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d: prompt of %d tokens does not leave room under max_model_len %d", request.id,
+        prompt_len, config_.max_model_len));
+  }
+  if (PromptBlocks(prompt_len) + config_.watermark_blocks > bm_->NumUsableBlocks()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d: prompt of %d tokens needs %d blocks (+%d watermark); the pool has %d",
+        request.id, prompt_len, PromptBlocks(prompt_len), config_.watermark_blocks,
+        bm_->NumUsableBlocks()));
+  }
+  PolicyGeometry geo;
+  geo.num_layers = mc.num_layers;
+  geo.num_kv_heads = mc.num_kv_heads;
+  geo.group_size = runner_.group_size();
+  geo.rope = runner_.rope().config();
+  absl::StatusOr<std::unique_ptr<PolicyState>> policy =
+      NewPolicyState(config_.policy, geo, static_cast<int32_t>(prompt_len));
+  if (!policy.ok()) return policy.status();
+  auto s = std::make_unique<SeqState>(
+      SeqState{request, Sampler(request.sampling), *std::move(policy), RequestOutput{}, -1, false});
+  s->out.id = request.id;
+  s->out.prompt_len = static_cast<int32_t>(prompt_len);
+  waiting_.push_back(request.id);
+  seqs_.emplace(request.id, std::move(s));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<RequestOutput>> Engine::RunToCompletion() {
+  std::vector<RequestOutput> finished;
+  const double start = Now();
+  while (HasUnfinished()) {
+    if (absl::Status s = Step(&finished); !s.ok()) return s;
+  }
+  stats_.wall_seconds += Now() - start;
+  return finished;
+}
+
+void Engine::Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t position,
+                     const float* pre, const float* post) {
+  std::vector<float> keys;
+  std::vector<int32_t> positions;
+  HeadKeys hk;
+  if (s.policy->NeedsKeysOnObserve()) hk = GatherKeys(s.out.id, layer, kv_head, &keys, &positions);
+  absl::Status st = s.policy->Observe(layer, kv_head, StepQueries{position, pre, post},
+                                      s.policy->NeedsKeysOnObserve() ? &hk : nullptr);
+  if (!st.ok()) {
+    // Policies only fail on inconsistent arguments: a bug here, reported with context.
+    BKV_CHECK_MSG(false, std::string(st.message()).c_str());
+  }
+}
+
+HeadKeys Engine::GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vector<float>* keys,
+                            std::vector<int32_t>* positions) const {
+  const int32_t n = *bm_->RetainedTokens(id, layer, kv_head);
+  const int32_t d = runner_.config().head_dim;
+  keys->resize(static_cast<size_t>(n) * d);
+  positions->resize(n);
+  const absl::Span<const BlockId> table = *bm_->BlockTable(id, layer, kv_head);
+  const int32_t bs = bm_->shape().block_size;
+  for (int32_t j = 0; j < n; ++j) {
+    const SlotRef slot{table[j / bs], j % bs};
+    std::copy_n(store_->key(slot), d, keys->data() + static_cast<size_t>(j) * d);
+    (*positions)[j] = store_->position(slot);
+  }
+  return HeadKeys{keys->data(), positions->data(), n};
+}
+
+absl::Status Engine::Admit(SeqState& s) {
+  std::vector<int32_t> tokens = s.request.prompt;
+  const bool resumed = !s.out.output.empty();  // recompute after preemption
+  if (resumed) tokens.insert(tokens.end(), s.out.output.begin(), s.out.output.end() - 1);
+  const int64_t id = s.out.id;
+  {
+    ScopedTimer t(&stats_.time_bookkeeping);
+    if (absl::Status st = bm_->AddSequence(id, static_cast<int32_t>(tokens.size())); !st.ok())
+      return st;
+  }
+  s.in_cache = true;
+  std::vector<float> logits(runner_.config().vocab_size);
+  QuerySink sink = [&](int32_t, int32_t layer, int32_t kv_head, int32_t position, const float* pre,
+                       const float* post) {
+    ScopedTimer t(&stats_.time_scoring);
+    Observe(s, layer, kv_head, position, pre, post);
+  };
+  const double scoring_before = stats_.time_scoring, start = Now();
+  absl::Status st = runner_.Prefill(id, tokens, *bm_, *store_, &sink, logits.data());
+  stats_.time_prefill += Now() - start - (stats_.time_scoring - scoring_before);
+  if (!st.ok()) return st;
+  stats_.prefill_tokens += static_cast<int64_t>(tokens.size());
+  running_.push_back(id);
+  if (!resumed) {
+    if (Accept(s, logits)) return absl::OkStatus();  // finished in DecodeStep's sweep
+  } else {
+    s.pending = s.out.output.back();
+  }
+  return absl::OkStatus();
+}
+
+bool Engine::Accept(SeqState& s, absl::Span<const float> logits) {
+  const Request& r = s.request;
+  const bool forced = !r.forced_output.empty();
+  const int32_t token = forced ? r.forced_output[s.out.output.size()] : s.sampler.Sample(logits);
+  if (r.return_logits) s.out.logits.insert(s.out.logits.end(), logits.begin(), logits.end());
+  s.out.output.push_back(token);
+  s.pending = token;
+  ++stats_.generated_tokens;
+  const size_t n = s.out.output.size();
+  if (forced) {
+    if (n == r.forced_output.size()) s.out.finish_reason = "forced";
+  } else if (!r.sampling.ignore_eos && token == config_.eos_token_id) {
+    s.out.finish_reason = "eos";
+  } else if (static_cast<int32_t>(n) >= r.sampling.max_new_tokens) {
+    s.out.finish_reason = "length";
+  }
+  if (s.out.finish_reason.empty() &&
+      static_cast<int64_t>(r.prompt.size() + n) >= config_.max_model_len) {
+    s.out.finish_reason = "max_model_len";
+  }
+  return !s.out.finish_reason.empty();
+}
+
+void Engine::Finish(int64_t id, std::vector<RequestOutput>* finished) {
+  SeqState& s = *seqs_.at(id);
+  if (s.in_cache) BKV_CHECK(bm_->FreeSequence(id).ok());
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  finished->push_back(std::move(s.out));
+  seqs_.erase(id);
+}
+
+absl::Status Engine::Preempt(int64_t id) {
+  SeqState& s = *seqs_.at(id);
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  ++s.out.num_preemptions;
+  if (config_.preemption == PreemptionMode::kSwap &&
+      *bm_->NumBlocksOf(id) <= bm_->NumFreeHostBlocks()) {
+    if (absl::Status st = bm_->SwapOut(id); !st.ok()) return st;
+    swapped_.push_back(id);
+    ++stats_.preemptions_swap;
+    return absl::OkStatus();
+  }
+  // Recompute: drop the cache and the policy's memory; the text is re-prefilled later.
+  if (absl::Status st = bm_->FreeSequence(id); !st.ok()) return st;
+  s.in_cache = false;
+  absl::StatusOr<std::unique_ptr<PolicyState>> fresh =
+      NewPolicyState(config_.policy, s.policy->geometry(), s.policy->prompt_len());
+  if (!fresh.ok()) return fresh.status();
+  s.policy = *std::move(fresh);
+  waiting_.push_front(id);
+  ++stats_.preemptions_recompute;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Step(std::vector<RequestOutput>* finished) {
+  ++stats_.steps;
+  const int32_t max_batch = config_.max_batch;
+  {
+    ScopedTimer t(&stats_.time_bookkeeping);
+    while (!swapped_.empty() && static_cast<int32_t>(running_.size()) < max_batch) {
+      const int64_t id = swapped_.front();
+      if (*bm_->NumBlocksOf(id) + config_.watermark_blocks > bm_->NumFreeBlocks()) break;
+      if (absl::Status st = bm_->SwapIn(id); !st.ok()) return st;
+      swapped_.pop_front();
+      running_.push_back(id);
+    }
+  }
+  while (swapped_.empty() && !waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < max_batch) {
+    const int64_t id = waiting_.front();
+    SeqState& s = *seqs_.at(id);
+    const int64_t len = static_cast<int64_t>(s.request.prompt.size() +
+                                             (s.out.output.empty() ? 0 : s.out.output.size() - 1));
+    if (PromptBlocks(len) + config_.watermark_blocks > bm_->NumFreeBlocks()) {
+      if (running_.empty() && PromptBlocks(len) > bm_->NumUsableBlocks()) {
+        // A preempted sequence grew past what the whole pool holds: it can never resume.
+        waiting_.pop_front();
+        s.out.finish_reason = "out_of_memory";
+        Finish(id, finished);
+        continue;
+      }
+      break;
+    }
+    waiting_.pop_front();
+    if (absl::Status st = Admit(s); !st.ok()) return st;
+    if (!s.out.finish_reason.empty()) Finish(id, finished);
+  }
+  if (!running_.empty()) {
+    if (absl::Status st = DecodeStep(finished); !st.ok()) return st;
+  }
+  UpdateMemoryStats();
+  if (config_.verify_integrity) {
+    if (absl::Status st = bm_->VerifyIntegrity(); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
+  const int64_t heads_total = bm_->shape().num_heads_total();
+  {
+    ScopedTimer t(&stats_.time_bookkeeping);
+    // Make room for every running sequence's next token, newest admissions giving way.
+    while (true) {
+      int64_t needed = 0;
+      for (int64_t id : running_) needed += *bm_->BlocksNeededToAppend(id);
+      if (needed <= bm_->NumFreeBlocks()) break;
+      const int64_t victim = running_.back();
+      if (running_.size() == 1) {
+        seqs_.at(victim)->out.finish_reason = "out_of_memory";
+        Finish(victim, finished);
+        return absl::OkStatus();
+      }
+      if (absl::Status st = Preempt(victim); !st.ok()) return st;
+    }
+  }
+  const int64_t rows = static_cast<int64_t>(running_.size());
+  std::vector<SequenceId> ids(running_.begin(), running_.end());
+  std::vector<int32_t> tokens(rows), positions(rows);
+  std::vector<SlotRef> slots(rows * heads_total);
+  {
+    ScopedTimer t(&stats_.time_bookkeeping);
+    for (int64_t b = 0; b < rows; ++b) {
+      absl::Status st =
+          bm_->AppendToken(ids[b], absl::MakeSpan(slots).subspan(b * heads_total, heads_total));
+      if (!st.ok()) return st;
+      tokens[b] = seqs_.at(ids[b])->pending;
+      positions[b] = *bm_->NextPosition(ids[b]) - 1;
+    }
+  }
+  std::vector<SeqState*> states(rows);
+  for (int64_t b = 0; b < rows; ++b) states[b] = seqs_.at(ids[b]).get();
+  QuerySink sink = [&](int32_t row, int32_t layer, int32_t kv_head, int32_t position,
+                       const float* pre, const float* post) {
+    ScopedTimer t(&stats_.time_scoring);
+    Observe(*states[row], layer, kv_head, position, pre, post);
+  };
+  const int32_t vocab = runner_.config().vocab_size;
+  std::vector<float> logits(rows * vocab);
+  const double scoring_before = stats_.time_scoring, start = Now();
+  absl::Status st = runner_.Decode(ids, tokens, positions, slots, *bm_, *store_, &sink,
+                                   logits.data(), &stats_.time_attention);
+  stats_.time_decode_forward += Now() - start - (stats_.time_scoring - scoring_before);
+  if (!st.ok()) return st;
+  running_sum_ += static_cast<double>(rows);
+  ++decode_steps_;
+  UpdateMemoryStats();  // the peak is now, before the policy compresses
+  std::vector<int64_t> done;
+  for (int64_t b = 0; b < rows; ++b) {
+    if (Accept(*states[b], absl::MakeConstSpan(logits).subspan(b * vocab, vocab)))
+      done.push_back(ids[b]);
+  }
+  for (int64_t b = 0; b < rows; ++b) {
+    if (!states[b]->out.finish_reason.empty()) continue;
+    if (absl::Status cs = Compress(ids[b]); !cs.ok()) return cs;
+  }
+  for (int64_t id : done) Finish(id, finished);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Compress(int64_t id) {
+  SeqState& s = *seqs_.at(id);
+  const ModelConfig& mc = runner_.config();
+  std::vector<int32_t> head_tokens(mc.num_kv_heads);
+  const int32_t current = *bm_->NextPosition(id) - 1;
+  for (int32_t l = 0; l < mc.num_layers; ++l) {
+    for (int32_t g = 0; g < mc.num_kv_heads; ++g) head_tokens[g] = *bm_->RetainedTokens(id, l, g);
+    std::vector<int32_t> due;
+    {
+      ScopedTimer t(&stats_.time_selection);
+      due = s.policy->DueHeads(l, head_tokens);
+    }
+    if (due.empty()) continue;
+    std::vector<KeepSet> keep;
+    {
+      ScopedTimer t(&stats_.time_selection);
+      std::vector<std::vector<float>> keys(mc.num_kv_heads);
+      std::vector<std::vector<int32_t>> positions(mc.num_kv_heads);
+      std::vector<HeadKeys> heads(mc.num_kv_heads);
+      for (int32_t g = 0; g < mc.num_kv_heads; ++g)
+        heads[g] = GatherKeys(id, l, g, &keys[g], &positions[g]);
+      absl::StatusOr<std::vector<HeadKeepSet>> sets = s.policy->Compress(l, heads, due, current);
+      if (!sets.ok()) return sets.status();
+      for (HeadKeepSet& hk : *sets) keep.push_back({hk.layer, hk.kv_head, std::move(hk.slots)});
+    }
+    ScopedTimer t(&stats_.time_compaction);
+    absl::StatusOr<CompactionPlan> plan = bm_->ApplyKeepSets(id, keep);
+    if (!plan.ok()) return plan.status();
+    ++stats_.compressions;
+    stats_.tokens_evicted += plan->tokens_evicted;
+    stats_.blocks_freed_by_eviction += plan->blocks_freed;
+    s.out.tokens_evicted += plan->tokens_evicted;
+  }
+  return absl::OkStatus();
+}
+
+void Engine::UpdateMemoryStats() {
+  stats_.peak_used_blocks = std::max(stats_.peak_used_blocks, bm_->NumUsedBlocks());
+  stats_.peak_running = std::max(stats_.peak_running, static_cast<int32_t>(running_.size()));
+  stats_.mean_running = decode_steps_ > 0 ? running_sum_ / decode_steps_ : 0.0;
+  const KvShape& shape = bm_->shape();
+  for (int64_t id : running_) {
+    SeqState& s = *seqs_.at(id);
+    int64_t tokens = 0;
+    for (int32_t l = 0; l < shape.num_layers; ++l)
+      for (int32_t g = 0; g < shape.num_kv_heads; ++g) tokens += *bm_->RetainedTokens(id, l, g);
+    s.out.peak_retained_tokens =
+        std::max(s.out.peak_retained_tokens, static_cast<double>(tokens) / shape.num_heads_total());
+    s.out.peak_blocks = std::max(s.out.peak_blocks, *bm_->NumBlocksOf(id));
+  }
+}
+
+}  // namespace beaconkv

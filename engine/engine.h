@@ -1,0 +1,88 @@
+// The reference engine: a continuous-batching scheduler with preemption driving the CPU model
+// runner over the head-granular paged KV cache, with an eviction policy per sequence.
+//
+// Each step: swap in (FIFO) what fits, else admit waiting requests (FIFO) whose prompt fits
+// above the watermark; make room for every running sequence's next token by preempting the
+// most recently admitted ones (recompute or swap); run one decode step for the whole batch;
+// run the policy on the heads that reached their trigger and free the blocks it releases,
+// which the next admission can use at once; retire finished sequences.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "block_manager/block_manager.h"
+#include "core/policy.h"
+#include "engine/engine_types.h"
+#include "engine/model_runner.h"
+
+namespace beaconkv {
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(ModelWeights weights,
+                                                        const EngineConfig& config);
+  static absl::StatusOr<std::unique_ptr<Engine>> FromModelDir(const std::string& model_dir,
+                                                              const EngineConfig& config);
+
+  const ModelConfig& model_config() const { return runner_.config(); }
+  const EngineConfig& config() const { return config_; }
+  const BlockManager& block_manager() const { return *bm_; }
+
+  // Queues a request. kInvalidArgument for a bad request (empty prompt, unknown token, ids
+  // reused, a prompt that can never fit the pool).
+  absl::Status AddRequest(Request request);
+  // Runs until every queued request is finished; returns them in the order they finished.
+  absl::StatusOr<std::vector<RequestOutput>> RunToCompletion();
+  // One scheduler step; finished requests are appended to `finished`.
+  absl::Status Step(std::vector<RequestOutput>* finished);
+  bool HasUnfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
+  const EngineStats& stats() const { return stats_; }
+
+ private:
+  struct SeqState {
+    Request request;
+    Sampler sampler;
+    std::unique_ptr<PolicyState> policy;
+    RequestOutput out;
+    int32_t pending = -1;   // last output token, its K/V not yet in the cache
+    bool in_cache = false;  // holds blocks (running or swapped)
+  };
+
+  Engine(const EngineConfig& config, ModelRunner runner, std::unique_ptr<CpuKvStore> store,
+         std::unique_ptr<BlockManager> bm);
+
+  absl::Status Admit(SeqState& s);
+  absl::Status Preempt(int64_t id);
+  absl::Status DecodeStep(std::vector<RequestOutput>* finished);
+  absl::Status Compress(int64_t id);
+  void Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t position, const float* pre,
+               const float* post);
+  // Copies a head's keys (slot order) and positions into `keys` / `positions`.
+  HeadKeys GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vector<float>* keys,
+                      std::vector<int32_t>* positions) const;
+  // Records the sampled/forced token; returns true when the request is finished.
+  bool Accept(SeqState& s, absl::Span<const float> logits);
+  void Finish(int64_t id, std::vector<RequestOutput>* finished);
+  int32_t PromptBlocks(int64_t tokens) const;
+  void UpdateMemoryStats();
+
+  EngineConfig config_;
+  ModelRunner runner_;
+  std::unique_ptr<CpuKvStore> store_;
+  std::unique_ptr<BlockManager> bm_;
+  absl::flat_hash_map<int64_t, std::unique_ptr<SeqState>> seqs_;
+  std::deque<int64_t> waiting_;
+  std::vector<int64_t> running_;  // admission order: the back is preempted first
+  std::deque<int64_t> swapped_;
+  EngineStats stats_;
+  double running_sum_ = 0;
+  int64_t decode_steps_ = 0;
+};
+
+}  // namespace beaconkv

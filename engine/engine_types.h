@@ -1,0 +1,79 @@
+// Requests, results and statistics of the reference engine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/policy_config.h"
+#include "engine/sampler.h"
+
+namespace beaconkv {
+
+enum class PreemptionMode { kRecompute, kSwap };
+
+struct EngineConfig {
+  int32_t block_size = 16;
+  // Device pool size counting the null block. 0: room for max_batch sequences of
+  // max_model_len tokens in every head (no memory pressure).
+  int32_t num_blocks = 0;
+  int32_t num_host_blocks = 0;   // swap space; 0 = as many as num_blocks (swap mode)
+  int32_t max_batch = 32;        // most sequences running at once
+  int32_t watermark_blocks = 0;  // free blocks an admission must leave
+  PreemptionMode preemption = PreemptionMode::kRecompute;
+  PolicyConfig policy = FullConfig{};
+  int32_t num_threads = 2;
+  int32_t max_model_len = 0;      // 0 = the model's max_position_embeddings
+  int32_t eos_token_id = -1;      // -1: from the tokenizer (FromModelDir) / never stop on eos
+  bool verify_integrity = false;  // VerifyIntegrity() after every step (tests)
+};
+
+struct Request {
+  int64_t id = 0;
+  std::vector<int32_t> prompt;  // token ids, bos included
+  SamplingParams sampling;
+  // Teacher forcing: when not empty, these tokens are fed instead of sampled ones and the
+  // request ends after the last; logits are recorded for every fed position.
+  std::vector<int32_t> forced_output;
+  bool return_logits = false;  // record [num_output, vocab] logits
+};
+
+struct RequestOutput {
+  int64_t id = 0;
+  int32_t prompt_len = 0;
+  std::vector<int32_t> output;  // generated (or forced) tokens
+  std::vector<float>
+      logits;  // [output.size(), vocab] when requested: logits[i] predicted output[i]
+  std::string finish_reason;        // "eos", "length", "forced", "max_model_len", "out_of_memory"
+  double peak_retained_tokens = 0;  // max over steps of the mean tokens per head
+  int32_t peak_blocks = 0;          // max over steps of the blocks the sequence held
+  int32_t num_preemptions = 0;
+  int64_t tokens_evicted = 0;
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;  // including recompute re-prefills
+  int64_t generated_tokens = 0;
+  double wall_seconds = 0;
+  int32_t peak_running = 0;
+  double mean_running = 0;  // over decode steps
+  int32_t peak_used_blocks = 0;
+  int64_t preemptions_recompute = 0;
+  int64_t preemptions_swap = 0;
+  int64_t compressions = 0;  // (sequence, layer) compression events
+  int64_t tokens_evicted = 0;
+  int64_t blocks_freed_by_eviction = 0;
+  // Time split (seconds).
+  double time_prefill = 0;
+  double time_decode_forward = 0;  // includes attention
+  double time_attention = 0;
+  double time_scoring = 0;      // policy Observe: query buffers, accumulators, FPS
+  double time_selection = 0;    // policy Compress: key gather, scores, top-k
+  double time_compaction = 0;   // ApplyKeepSets
+  double time_bookkeeping = 0;  // block allocation, scheduling
+
+  std::string ToJson() const;
+};
+
+}  // namespace beaconkv

@@ -1,0 +1,227 @@
+#include "engine/model_runner.h"
+
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "engine/tensor_ops.h"
+
+namespace beaconkv {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelRunner> ModelRunner::Create(ModelWeights weights, int num_threads) {
+  if (absl::Status s = weights.config.Validate(); !s.ok()) return s;
+  RopeConfig rc;
+  rc.head_dim = weights.config.head_dim;
+  rc.rope_theta = weights.config.rope_theta;
+  absl::StatusOr<Rope> rope = Rope::Create(rc);
+  if (!rope.ok()) return rope.status();
+  return ModelRunner(std::move(weights), *std::move(rope), num_threads < 1 ? 1 : num_threads);
+}
+
+void ModelRunner::ProjectQkv(const LayerWeights& lw, const float* h, int64_t rows,
+                             absl::Span<const int32_t> positions, float* q, float* q_pre, float* k,
+                             float* v) const {
+  const ModelConfig& c = config();
+  const int64_t d = c.head_dim, hq = c.num_heads * d, hkv = c.num_kv_heads * d;
+  auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+  Linear(h, lw.q_proj.data(), bias(lw.q_bias), rows, c.hidden_size, hq, q, num_threads_);
+  Linear(h, lw.k_proj.data(), bias(lw.k_bias), rows, c.hidden_size, hkv, k, num_threads_);
+  Linear(h, lw.v_proj.data(), bias(lw.v_bias), rows, c.hidden_size, hkv, v, num_threads_);
+  if (!lw.q_norm.empty()) RmsNorm(q, lw.q_norm.data(), rows * c.num_heads, d, c.rms_norm_eps, q);
+  if (!lw.k_norm.empty()) RmsNorm(k, lw.k_norm.data(), rows * c.num_kv_heads, d, c.rms_norm_eps, k);
+  std::copy_n(q, rows * hq, q_pre);
+  for (int64_t r = 0; r < rows; ++r) {
+    rope_.RotateMany(q + r * hq, c.num_heads, positions[r], q + r * hq);
+    rope_.RotateMany(k + r * hkv, c.num_kv_heads, positions[r], k + r * hkv);
+  }
+}
+
+void ModelRunner::Mlp(const LayerWeights& lw, float* x, int64_t rows) const {
+  const ModelConfig& c = config();
+  const int64_t hid = c.hidden_size, inter = c.intermediate_size;
+  std::vector<float> h(rows * hid), gate(rows * inter), up(rows * inter), down(rows * hid);
+  RmsNorm(x, lw.post_norm.data(), rows, hid, c.rms_norm_eps, h.data());
+  Linear(h.data(), lw.gate_proj.data(), nullptr, rows, hid, inter, gate.data(), num_threads_);
+  Linear(h.data(), lw.up_proj.data(), nullptr, rows, hid, inter, up.data(), num_threads_);
+  SiluMul(gate.data(), up.data(), rows * inter);
+  Linear(gate.data(), lw.down_proj.data(), nullptr, rows, inter, hid, down.data(), num_threads_);
+  for (int64_t i = 0; i < rows * hid; ++i) x[i] += down[i];
+}
+
+void ModelRunner::Logits(const float* x, int64_t rows, float* logits) const {
+  const ModelConfig& c = config();
+  std::vector<float> h(rows * c.hidden_size);
+  RmsNorm(x, weights_.final_norm.data(), rows, c.hidden_size, c.rms_norm_eps, h.data());
+  Linear(h.data(), weights_.lm_head.data(), nullptr, rows, c.hidden_size, c.vocab_size, logits,
+         num_threads_);
+}
+
+absl::Status ModelRunner::Prefill(SequenceId seq, absl::Span<const int32_t> tokens,
+                                  const BlockManager& bm, CpuKvStore& store, const QuerySink* sink,
+                                  float* last_logits) const {
+  const ModelConfig& c = config();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t hid = c.hidden_size, d = c.head_dim, group = group_size();
+  const int64_t hq = c.num_heads * d, hkv = c.num_kv_heads * d;
+  if (n == 0) return absl::InvalidArgumentError("prefill of an empty token list");
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, c.vocab_size));
+  }
+  for (int32_t g = 0; g < c.num_kv_heads; ++g) {
+    absl::StatusOr<int32_t> held = bm.RetainedTokens(seq, 0, g);
+    if (!held.ok()) return held.status();
+    if (*held != n)
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "prefill of %d tokens, but sequence %d holds %d slots per head", n, seq, *held));
+  }
+  std::vector<int32_t> positions(n);
+  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(i);
+  std::vector<float> x(n * hid), h(n * hid), q(n * hq), q_pre(n * hq), k(n * hkv), v(n * hkv),
+      attn(n * hq), o(n * hid);
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(weights_.embed.data() + tokens[i] * hid, hid, x.data() + i * hid);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = weights_.layers[l];
+    RmsNorm(x.data(), lw.input_norm.data(), n, hid, c.rms_norm_eps, h.data());
+    ProjectQkv(lw, h.data(), n, positions, q.data(), q_pre.data(), k.data(), v.data());
+    for (int32_t g = 0; g < c.num_kv_heads; ++g) {
+      for (int64_t i = 0; i < n; ++i) {
+        const SlotRef slot = *bm.Slot(seq, l, g, static_cast<int32_t>(i));
+        std::copy_n(k.data() + i * hkv + g * d, d, store.key(slot));
+        std::copy_n(v.data() + i * hkv + g * d, d, store.value(slot));
+      }
+    }
+    if (sink != nullptr) {
+      for (int64_t i = 0; i < n; ++i)
+        for (int32_t g = 0; g < c.num_kv_heads; ++g)
+          (*sink)(static_cast<int32_t>(i), l, g, static_cast<int32_t>(i),
+                  q_pre.data() + i * hq + g * group * d, q.data() + i * hq + g * group * d);
+    }
+    // Causal attention over the prompt, one (query head, token) at a time.
+    const bool parallel = num_threads_ > 1 && n * n * c.num_heads * d >= (1 << 21);
+#pragma omp parallel for num_threads(num_threads_) if (parallel) schedule(dynamic, 8) collapse(2)
+    for (int32_t hh = 0; hh < c.num_heads; ++hh) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t g = hh / group;
+        std::vector<float> p(i + 1);
+        const float* qi = q.data() + i * hq + hh * d;
+        for (int64_t j = 0; j <= i; ++j) p[j] = Dot(qi, k.data() + j * hkv + g * d, d) * scale;
+        SoftmaxInPlace(p.data(), i + 1);
+        float* out = attn.data() + i * hq + hh * d;
+        std::fill_n(out, d, 0.0f);
+        for (int64_t j = 0; j <= i; ++j) {
+          const float* vj = v.data() + j * hkv + g * d;
+          for (int64_t e = 0; e < d; ++e) out[e] += p[j] * vj[e];
+        }
+      }
+    }
+    Linear(attn.data(), lw.o_proj.data(), nullptr, n, hq, hid, o.data(), num_threads_);
+    for (int64_t i = 0; i < n * hid; ++i) x[i] += o[i];
+    Mlp(lw, x.data(), n);
+  }
+  if (last_logits != nullptr) Logits(x.data() + (n - 1) * hid, 1, last_logits);
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
+                                 absl::Span<const int32_t> tokens,
+                                 absl::Span<const int32_t> positions,
+                                 absl::Span<const SlotRef> slots, const BlockManager& bm,
+                                 CpuKvStore& store, const QuerySink* sink, float* logits,
+                                 double* attention_seconds) const {
+  const ModelConfig& c = config();
+  const int64_t rows = static_cast<int64_t>(seqs.size());
+  const int64_t hid = c.hidden_size, d = c.head_dim, group = group_size();
+  const int64_t hq = c.num_heads * d, hkv = c.num_kv_heads * d;
+  const int64_t heads_total = static_cast<int64_t>(c.num_layers) * c.num_kv_heads;
+  if (tokens.size() != seqs.size() || positions.size() != seqs.size() ||
+      static_cast<int64_t>(slots.size()) != rows * heads_total) {
+    return absl::InvalidArgumentError("decode: seqs, tokens, positions and slots disagree");
+  }
+  for (int64_t b = 0; b < rows; ++b) {
+    if (tokens[b] < 0 || tokens[b] >= c.vocab_size)
+      return absl::InvalidArgumentError(
+          absl::StrFormat("token id %d of sequence %d is outside the vocabulary [0, %d)", tokens[b],
+                          seqs[b], c.vocab_size));
+  }
+  // Each head's block table and length, gathered once per step: [rows, heads_total].
+  std::vector<absl::Span<const BlockId>> tables(rows * heads_total);
+  std::vector<int32_t> lengths(rows * heads_total);
+  for (int64_t b = 0; b < rows; ++b)
+    for (int32_t l = 0; l < c.num_layers; ++l)
+      for (int32_t g = 0; g < c.num_kv_heads; ++g) {
+        const int64_t idx = b * heads_total + l * c.num_kv_heads + g;
+        absl::StatusOr<absl::Span<const BlockId>> t = bm.BlockTable(seqs[b], l, g);
+        if (!t.ok()) return t.status();
+        tables[idx] = *t;
+        lengths[idx] = *bm.RetainedTokens(seqs[b], l, g);
+      }
+  const int32_t bs = bm.shape().block_size;
+  std::vector<float> x(rows * hid), h(rows * hid), q(rows * hq), q_pre(rows * hq), k(rows * hkv),
+      v(rows * hkv), attn(rows * hq), o(rows * hid);
+  for (int64_t b = 0; b < rows; ++b)
+    std::copy_n(weights_.embed.data() + tokens[b] * hid, hid, x.data() + b * hid);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = weights_.layers[l];
+    RmsNorm(x.data(), lw.input_norm.data(), rows, hid, c.rms_norm_eps, h.data());
+    ProjectQkv(lw, h.data(), rows, positions, q.data(), q_pre.data(), k.data(), v.data());
+    for (int64_t b = 0; b < rows; ++b)
+      for (int32_t g = 0; g < c.num_kv_heads; ++g) {
+        const SlotRef slot = slots[b * heads_total + l * c.num_kv_heads + g];
+        std::copy_n(k.data() + b * hkv + g * d, d, store.key(slot));
+        std::copy_n(v.data() + b * hkv + g * d, d, store.value(slot));
+      }
+    const double t0 = Now();
+    int64_t work = 0;  // multiply-adds of this layer's attention, over two
+    for (int64_t b = 0; b < rows; ++b)
+      for (int32_t g = 0; g < c.num_kv_heads; ++g)
+        work += int64_t{lengths[b * heads_total + l * c.num_kv_heads + g]} * group * d;
+    const bool parallel = num_threads_ > 1 && work >= (1 << 18);
+    // Paged attention: each (row, query head) reads its kv head's slots in logical order.
+#pragma omp parallel for num_threads(num_threads_) if (parallel) schedule(dynamic, 1) collapse(2)
+    for (int64_t b = 0; b < rows; ++b) {
+      for (int32_t hh = 0; hh < c.num_heads; ++hh) {
+        const int64_t idx = b * heads_total + l * c.num_kv_heads + hh / group;
+        const absl::Span<const BlockId> table = tables[idx];
+        const int32_t n = lengths[idx];
+        std::vector<float> p(n);
+        const float* qh = q.data() + b * hq + hh * d;
+        for (int32_t j = 0; j < n; ++j)
+          p[j] = Dot(qh, store.key({table[j / bs], j % bs}), d) * scale;
+        SoftmaxInPlace(p.data(), n);
+        float* out = attn.data() + b * hq + hh * d;
+        std::fill_n(out, d, 0.0f);
+        for (int32_t j = 0; j < n; ++j) {
+          const float* vj = store.value({table[j / bs], j % bs});
+          for (int64_t e = 0; e < d; ++e) out[e] += p[j] * vj[e];
+        }
+      }
+    }
+    if (attention_seconds != nullptr) *attention_seconds += Now() - t0;
+    if (sink != nullptr) {
+      for (int64_t b = 0; b < rows; ++b)
+        for (int32_t g = 0; g < c.num_kv_heads; ++g)
+          (*sink)(static_cast<int32_t>(b), l, g, positions[b],
+                  q_pre.data() + b * hq + g * group * d, q.data() + b * hq + g * group * d);
+    }
+    Linear(attn.data(), lw.o_proj.data(), nullptr, rows, hq, hid, o.data(), num_threads_);
+    for (int64_t i = 0; i < rows * hid; ++i) x[i] += o[i];
+    Mlp(lw, x.data(), rows);
+  }
+  Logits(x.data(), rows, logits);
+  return absl::OkStatus();
+}
+
+}  // namespace beaconkv

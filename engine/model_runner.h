@@ -1,0 +1,64 @@
+// CPU forward pass of a Llama-architecture model (RMSNorm, RoPE, GQA, SwiGLU; optional
+// Qwen2 q/k/v biases and Qwen3 q/k norms) over the head-granular paged KV cache.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "block_manager/block_manager.h"
+#include "block_manager/kv_store.h"
+#include "core/rope.h"
+#include "engine/model_weights.h"
+
+namespace beaconkv {
+
+// Receives each token's queries for one (layer, kv_head): pre-RoPE and post-RoPE,
+// [group_size, head_dim] each. `row` is the batch index (decode) or the token index (prefill).
+using QuerySink = std::function<void(int32_t row, int32_t layer, int32_t kv_head, int32_t position,
+                                     const float* pre_rope, const float* post_rope)>;
+
+class ModelRunner {
+ public:
+  static absl::StatusOr<ModelRunner> Create(ModelWeights weights, int num_threads);
+
+  const ModelConfig& config() const { return weights_.config; }
+  int32_t group_size() const { return config().num_heads / config().num_kv_heads; }
+  const Rope& rope() const { return rope_; }
+
+  // Runs tokens[i] at position i; writes every layer's post-RoPE K and V of token i into
+  // logical slot i of each head of `seq`, which must already hold tokens.size() slots.
+  // last_logits: [vocab] of the final token, or null.
+  absl::Status Prefill(SequenceId seq, absl::Span<const int32_t> tokens, const BlockManager& bm,
+                       CpuKvStore& store, const QuerySink* sink, float* last_logits) const;
+
+  // One decode step. Row b runs tokens[b] at positions[b] for sequence seqs[b]; its K/V go
+  // to slots[b * num_heads_total + head] (from BlockManager::AppendToken), then attention
+  // reads every slot of the head, the new one included. logits: [rows, vocab].
+  // attention_seconds accumulates time spent in attention.
+  absl::Status Decode(absl::Span<const SequenceId> seqs, absl::Span<const int32_t> tokens,
+                      absl::Span<const int32_t> positions, absl::Span<const SlotRef> slots,
+                      const BlockManager& bm, CpuKvStore& store, const QuerySink* sink,
+                      float* logits, double* attention_seconds) const;
+
+ private:
+  ModelRunner(ModelWeights weights, Rope rope, int num_threads)
+      : weights_(std::move(weights)), rope_(std::move(rope)), num_threads_(num_threads) {}
+
+  // q, k, v projections of `rows` normalised rows of one layer, with bias / q-k norms,
+  // pre-RoPE q saved to q_pre, then RoPE applied to q and k in place.
+  void ProjectQkv(const LayerWeights& lw, const float* h, int64_t rows,
+                  absl::Span<const int32_t> positions, float* q, float* q_pre, float* k,
+                  float* v) const;
+  // Residual MLP block in place on x [rows, hidden].
+  void Mlp(const LayerWeights& lw, float* x, int64_t rows) const;
+  void Logits(const float* x, int64_t rows, float* logits) const;
+
+  ModelWeights weights_;
+  Rope rope_;
+  int num_threads_;
+};
+
+}  // namespace beaconkv

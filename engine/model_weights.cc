@@ -1,0 +1,141 @@
+#include "engine/model_weights.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace beaconkv {
+namespace {
+
+// Reads tensors from one file and remembers which ones were used.
+class TensorReader {
+ public:
+  explicit TensorReader(const SafetensorsFile& file) : file_(file) {}
+
+  absl::Status Read(const std::string& name, const std::vector<int64_t>& shape,
+                    std::vector<float>* out) {
+    absl::StatusOr<std::vector<float>> data = file_.ReadFloat32(name, shape);
+    if (!data.ok()) return data.status();
+    *out = *std::move(data);
+    used_.insert(name);
+    return absl::OkStatus();
+  }
+
+  // Leaves `out` empty when the tensor is absent.
+  absl::Status ReadOptional(const std::string& name, const std::vector<int64_t>& shape,
+                            std::vector<float>* out) {
+    if (!file_.Has(name)) {
+      out->clear();
+      return absl::OkStatus();
+    }
+    return Read(name, shape, out);
+  }
+
+  // Every tensor in the file must have been read, except ones HF saves but never uses.
+  absl::Status CheckAllUsed(const ModelConfig& config) const {
+    for (const TensorInfo& t : file_.tensors()) {
+      if (used_.contains(t.name) || absl::EndsWith(t.name, ".rotary_emb.inv_freq")) continue;
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: tensor '%s' (shape %s) is not used by a %s model with num_hidden_layers=%d; the "
+          "engine does not support it or the file does not match config.json",
+          file_.path(), t.name, ShapeString(t.shape),
+          config.architecture.empty() ? "Llama-architecture" : config.architecture,
+          config.num_layers));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const SafetensorsFile& file_;
+  absl::flat_hash_set<std::string> used_;
+};
+
+absl::Status LoadLayer(const ModelConfig& c, int32_t index, TensorReader& reader, LayerWeights& w) {
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, hd = c.head_dim;
+  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * hd;
+  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * hd;
+  const std::string p = absl::StrCat("model.layers.", index, ".");
+  const std::string attn = p + "self_attn.";
+  const struct {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float>* out;
+    bool required;
+  } tensors[] = {
+      {p + "input_layernorm.weight", {hidden}, &w.input_norm, true},
+      {attn + "q_proj.weight", {q_dim, hidden}, &w.q_proj, true},
+      {attn + "k_proj.weight", {kv_dim, hidden}, &w.k_proj, true},
+      {attn + "v_proj.weight", {kv_dim, hidden}, &w.v_proj, true},
+      {attn + "o_proj.weight", {hidden, q_dim}, &w.o_proj, true},
+      {attn + "q_proj.bias", {q_dim}, &w.q_bias, false},
+      {attn + "k_proj.bias", {kv_dim}, &w.k_bias, false},
+      {attn + "v_proj.bias", {kv_dim}, &w.v_bias, false},
+      {attn + "q_norm.weight", {hd}, &w.q_norm, false},
+      {attn + "k_norm.weight", {hd}, &w.k_norm, false},
+      {p + "post_attention_layernorm.weight", {hidden}, &w.post_norm, true},
+      {p + "mlp.gate_proj.weight", {inter, hidden}, &w.gate_proj, true},
+      {p + "mlp.up_proj.weight", {inter, hidden}, &w.up_proj, true},
+      {p + "mlp.down_proj.weight", {hidden, inter}, &w.down_proj, true},
+  };
+  for (const auto& t : tensors) {
+    absl::Status s = t.required ? reader.Read(t.name, t.shape, t.out)
+                                : reader.ReadOptional(t.name, t.shape, t.out);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> LoadModelWeightsFrom(const ModelConfig& config,
+                                                  const SafetensorsFile& file) {
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  const int64_t vocab = config.vocab_size, hidden = config.hidden_size;
+  TensorReader reader(file);
+  ModelWeights w;
+  w.config = config;
+  if (absl::Status s = reader.Read("model.embed_tokens.weight", {vocab, hidden}, &w.embed);
+      !s.ok()) {
+    return s;
+  }
+  w.layers.resize(config.num_layers);
+  for (int32_t i = 0; i < config.num_layers; ++i) {
+    if (absl::Status s = LoadLayer(config, i, reader, w.layers[i]); !s.ok()) return s;
+  }
+  if (absl::Status s = reader.Read("model.norm.weight", {hidden}, &w.final_norm); !s.ok()) {
+    return s;
+  }
+  if (config.tie_word_embeddings) {
+    // A tied checkpoint may still carry lm_head.weight; it must then have the right shape, but
+    // the embedding is what the model uses.
+    std::vector<float> unused;
+    if (absl::Status s = reader.ReadOptional("lm_head.weight", {vocab, hidden}, &unused); !s.ok()) {
+      return s;
+    }
+    w.lm_head = w.embed;
+  } else if (!file.Has("lm_head.weight")) {
+    return absl::NotFoundError(absl::StrFormat(
+        "%s: tensor 'lm_head.weight' is missing and config field 'tie_word_embeddings' is false",
+        file.path()));
+  } else if (absl::Status s = reader.Read("lm_head.weight", {vocab, hidden}, &w.lm_head); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = reader.CheckAllUsed(config); !s.ok()) return s;
+  return w;
+}
+
+absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir) {
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromFile(model_dir + "/config.json");
+  if (!config.ok()) return config.status();
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(model_dir + "/model.safetensors");
+  if (!file.ok()) return file.status();
+  return LoadModelWeightsFrom(*config, *file);
+}
+
+}  // namespace beaconkv

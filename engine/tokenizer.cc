@@ -1,0 +1,204 @@
+#include "engine/tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <system_error>
+
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace beaconkv {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kFormat[] = "beaconkv-char-v1";
+constexpr char kReplacementChar[] = "\xEF\xBF\xBD";  // U+FFFD
+
+absl::Status FieldError(const std::string& file, const std::string& field,
+                        const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s: field '%s' %s", file, field, message));
+}
+
+// "'é' (U+00E9)", or just "U+000A" for control characters.
+std::string DescribeChar(std::string_view utf8, char32_t cp) {
+  const std::string code = absl::StrFormat("U+%04X", static_cast<uint32_t>(cp));
+  if (cp < 0x20 || cp == 0x7f) return code;
+  return absl::StrFormat("'%s' (%s)", utf8, code);
+}
+
+absl::StatusOr<int32_t> GetId(const json& obj, const char* key, int64_t vocab_size,
+                              const std::string& file) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return FieldError(file, key, "is missing");
+  if (!it->is_number_integer()) {
+    return FieldError(file, key, absl::StrFormat("must be an integer, got %s", it->dump()));
+  }
+  const bool in_range = it->is_number_unsigned()
+                            ? it->get<uint64_t>() < static_cast<uint64_t>(vocab_size)
+                            : false;  // signed integers here are negative
+  if (!in_range) {
+    return FieldError(
+        file, key,
+        absl::StrFormat("is %s, outside the vocabulary of %d entries", it->dump(), vocab_size));
+  }
+  return static_cast<int32_t>(it->get<int64_t>());
+}
+
+}  // namespace
+
+int DecodeUtf8Char(std::string_view text, size_t pos, char32_t* code_point) {
+  if (pos >= text.size()) return 0;
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[pos + i]); };
+  const unsigned char b0 = byte(0);
+  int len;
+  char32_t cp;
+  char32_t min_cp;
+  if (b0 < 0x80) {
+    *code_point = b0;
+    return 1;
+  } else if ((b0 & 0xe0) == 0xc0) {
+    len = 2, cp = b0 & 0x1f, min_cp = 0x80;
+  } else if ((b0 & 0xf0) == 0xe0) {
+    len = 3, cp = b0 & 0x0f, min_cp = 0x800;
+  } else if ((b0 & 0xf8) == 0xf0) {
+    len = 4, cp = b0 & 0x07, min_cp = 0x10000;
+  } else {
+    return 0;  // continuation byte or 0xf8..0xff
+  }
+  if (text.size() - pos < static_cast<size_t>(len)) return 0;
+  for (int i = 1; i < len; ++i) {
+    if ((byte(i) & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (byte(i) & 0x3f);
+  }
+  if (cp < min_cp || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  *code_point = cp;
+  return len;
+}
+
+absl::StatusOr<CharTokenizer> CharTokenizer::Load(const std::string& path_or_model_dir) {
+  std::string path = path_or_model_dir;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) path = path + "/tokenizer.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrFormat("%s: cannot open tokenizer file", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrFormat("%s: read error", path));
+  return FromJson(text.str(), path);
+}
+
+absl::StatusOr<CharTokenizer> CharTokenizer::FromJson(const std::string& text,
+                                                      const std::string& file_name_for_errors) {
+  const std::string& file = file_name_for_errors;
+  json obj;
+  try {
+    obj = json::parse(text);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: not valid JSON: %s", file, e.what()));
+  }
+  if (!obj.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: top level must be a JSON object, got %s", file, obj.type_name()));
+  }
+  auto format = obj.find("format");
+  if (format == obj.end()) return FieldError(file, "format", "is missing");
+  if (*format != kFormat) {
+    return FieldError(file, "format",
+                      absl::StrFormat("is %s, expected \"%s\"", format->dump(), kFormat));
+  }
+  auto vocab = obj.find("vocab");
+  if (vocab == obj.end()) return FieldError(file, "vocab", "is missing");
+  if (!vocab->is_array() || vocab->empty()) {
+    return FieldError(file, "vocab", "must be a non-empty list of strings");
+  }
+  if (vocab->size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return FieldError(file, "vocab", "has more entries than fit in int32");
+  }
+
+  CharTokenizer tok;
+  tok.source_ = file;
+  tok.vocab_.reserve(vocab->size());
+  tok.special_.reserve(vocab->size());
+  absl::flat_hash_map<std::string, int32_t> seen;
+  for (size_t i = 0; i < vocab->size(); ++i) {
+    const json& entry = (*vocab)[i];
+    const std::string where = absl::StrFormat("vocab[%d]", i);
+    if (!entry.is_string()) {
+      return FieldError(file, where, absl::StrFormat("must be a string, got %s", entry.dump()));
+    }
+    std::string s = entry.get<std::string>();
+    char32_t cp = 0;
+    const int len = DecodeUtf8Char(s, 0, &cp);
+    const bool one_char = len > 0 && static_cast<size_t>(len) == s.size();
+    const bool special = !one_char && s.size() >= 2 && s.front() == '<' && s.back() == '>';
+    if (!one_char && !special) {
+      return FieldError(
+          file, where,
+          absl::StrFormat("is %s, neither one character nor a <special> token", entry.dump()));
+    }
+    const int32_t id = static_cast<int32_t>(i);
+    if (auto [it, inserted] = seen.emplace(s, id); !inserted) {
+      return FieldError(
+          file, where,
+          absl::StrFormat("is %s, a duplicate of vocab[%d]", entry.dump(), it->second));
+    }
+    if (one_char) tok.char_ids_[cp] = id;
+    tok.vocab_.push_back(std::move(s));
+    tok.special_.push_back(special);
+  }
+  const int64_t n = static_cast<int64_t>(tok.vocab_.size());
+  for (auto [key, out] : {std::pair{"pad_id", &tok.pad_id_}, std::pair{"bos_id", &tok.bos_id_},
+                          std::pair{"eos_id", &tok.eos_id_}}) {
+    absl::StatusOr<int32_t> id = GetId(obj, key, n, file);
+    if (!id.ok()) return id.status();
+    *out = *id;
+  }
+  return tok;
+}
+
+absl::StatusOr<std::vector<int32_t>> CharTokenizer::Encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  int64_t index = 0;
+  while (pos < text.size()) {
+    char32_t cp = 0;
+    const int len = DecodeUtf8Char(text, pos, &cp);
+    if (len == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tokenizer %s: text is not valid UTF-8 at character index %d (byte offset %d)", source_,
+          index, pos));
+    }
+    auto it = char_ids_.find(cp);
+    if (it == char_ids_.end()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tokenizer %s: character %s at character index %d (byte offset %d) is not in the "
+          "vocabulary",
+          source_, DescribeChar(text.substr(pos, len), cp), index, pos));
+    }
+    ids.push_back(it->second);
+    pos += len;
+    ++index;
+  }
+  return ids;
+}
+
+bool CharTokenizer::IsSpecial(int32_t id) const {
+  return id >= 0 && id < vocab_size() && special_[id];
+}
+
+std::string CharTokenizer::Decode(absl::Span<const int32_t> ids) const {
+  std::string out;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size()) {
+      out += kReplacementChar;
+    } else if (id != pad_id_ && id != bos_id_ && id != eos_id_) {
+      out += vocab_[id];
+    }
+  }
+  return out;
+}
+
+}  // namespace beaconkv

@@ -1,0 +1,133 @@
+"""Accuracy and memory of a policy on a split of the tiny reasoner's task (``beaconkv eval``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, TextIO
+
+from .task import extract_answer, read_split
+from .tokenizer import CharTokenizer
+
+BUDGETED = {"streaming", "h2o", "tova", "snapkv", "rkv", "beacon"}
+
+
+def make_policy(name: str, budget: int | None = None, **knobs):
+    """The policy config for `name`; `budget` applies to every budgeted policy (rpc is
+    ratio-based and full keeps everything, so both ignore it)."""
+    import beaconkv
+
+    if budget is not None and name in BUDGETED:
+        knobs["budget"] = budget
+    return beaconkv.policy_config(name, **knobs)
+
+
+def resolve_split(model_dir: str, split: str) -> str:
+    if split in ("dev", "test"):
+        path = os.path.join(model_dir, "data", f"{split}.jsonl")
+    else:
+        path = split
+    if not os.path.isfile(path):
+        raise ValueError(f"split {split!r}: no such file {path}")
+    return path
+
+
+@dataclass
+class EvalResult:
+    policy: str
+    budget: int | None
+    num_problems: int
+    accuracy: float
+    mean_generated_tokens: float
+    peak_kv_tokens_per_seq: float
+    full_kv_tokens_per_seq: float
+    compression_ratio: float
+    tokens_per_second: float
+    wall_seconds: float
+    preemptions: int
+    engine_stats: dict
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Progress:
+    """A one-line progress bar on a terminal stream (silent when `out` is None)."""
+
+    def __init__(self, total: int, label: str, out: TextIO | None):
+        self.total, self.label, self.out, self.done = total, label, out, 0
+        self.start = time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.out is None:
+            return
+        tty = getattr(self.out, "isatty", lambda: False)()
+        if not tty and self.done < self.total:
+            return  # a log file gets the final line only
+        width = 30
+        filled = width * self.done // max(self.total, 1)
+        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+        self.out.write(f"{chr(13) if tty else ''}{self.label} [{'#' * filled}{'.' * (width - filled)}] "
+                       f"{self.done}/{self.total} ({rate:.2f}/s)")
+        if self.done >= self.total:
+            self.out.write("\n")
+        self.out.flush()
+
+
+def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
+             num: int | None = None, max_batch: int = 16, block_size: int = 16,
+             num_blocks: int = 0, preemption: str = "recompute", max_new_tokens: int = 0,
+             progress: TextIO | None = None, policy_knobs: dict | None = None,
+             on_output: Callable[[dict, dict], None] | None = None) -> EvalResult:
+    """Greedy-decodes the first `num` problems of `split` with `policy` at `budget`."""
+    import json
+
+    import beaconkv
+
+    problems = read_split(resolve_split(model_dir, split))
+    if num is not None:
+        problems = problems[:num]
+    if not problems:
+        raise ValueError("no problems to evaluate")
+    tok = CharTokenizer.load(model_dir)
+    cfg = make_policy(policy, budget, **(policy_knobs or {}))
+    engine = beaconkv.Engine(model_dir, policy=cfg, block_size=block_size,
+                             num_blocks=num_blocks, max_batch=max_batch, preemption=preemption)
+    limit = max_new_tokens or 2 * max(len(p["target"]) for p in problems) + 16
+    for i, p in enumerate(problems):
+        engine.add_request(i, [tok.bos_id] + tok.encode(p["prompt"]), max_new_tokens=limit)
+    bar = Progress(len(problems), f"eval {policy}", progress)
+    start = time.perf_counter()
+    outputs = []
+    while engine.has_unfinished:
+        done = engine.step()
+        outputs.extend(done)
+        if done:
+            bar.update(len(done))
+    wall = time.perf_counter() - start
+    correct = 0
+    gen_tokens = 0
+    peak = full = 0.0
+    for out in outputs:
+        p = problems[out["id"]]
+        text = tok.decode(out["output"])
+        ok = extract_answer(text) == p["answer"]
+        correct += ok
+        gen_tokens += len(out["output"])
+        peak += out["peak_retained_tokens"]
+        full += out["prompt_len"] + len(out["output"])
+        if on_output is not None:
+            on_output(p, {**out, "text": text, "correct": ok})
+    n = len(outputs)
+    stats = json.loads(engine.stats_json())
+    return EvalResult(
+        policy=policy, budget=budget if policy in BUDGETED else None, num_problems=n,
+        accuracy=correct / n, mean_generated_tokens=gen_tokens / n,
+        peak_kv_tokens_per_seq=peak / n, full_kv_tokens_per_seq=full / n,
+        compression_ratio=full / peak if peak else 1.0,
+        tokens_per_second=gen_tokens / wall if wall > 0 else 0.0, wall_seconds=wall,
+        preemptions=stats["preemptions"]["recompute"] + stats["preemptions"]["swap"],
+        engine_stats=stats)

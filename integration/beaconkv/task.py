@@ -1,0 +1,279 @@
+"""Seeded, versioned generator of "plan-and-execute" problems for the tiny reasoner.
+
+A problem is a chain of additions and subtractions of K-digit operands on one W-digit register
+(arithmetic modulo 10**W). Every number is written least-significant digit first and
+zero-padded, so that each digit of a result sits at a fixed distance from the digits it is
+computed from.
+
+Prompt: the operations, each with a unique lowercase label, in shuffled order (K = 3)::
+
+    c+410;a+532;b-700;
+
+Target (what the model writes):
+
+* the **plan**: the operations in chain order under uppercase labels, then the label of the
+  answer step with ``?``.  Writing plan line ``B`` copies prompt item ``b`` (a label-keyed copy)::
+
+      A+532
+      B-700
+      C+410
+      D?
+
+* the **execution**, one block of four rows per operation::
+
+      B-7000000000     header: re-reads plan line B far back (the retrieval tokens "-700"),
+                       then pads the operand with zeros to W digits (local)
+      |5320000000      register before the step (copy of the previous result row)
+      -0000111111      carries (``+``) or borrows (``-``), c_0 .. c_{W-1}
+      =8329999999      register after the step
+
+* the **answer**: the header ``D?`` re-read from the plan, then ``#`` and the register.
+
+Every far-back retrieval is keyed by a single-token label that occurs once before it is
+needed (lowercase in the prompt, uppercase in the plan), because tiny models learn label-keyed
+copies but not lookups keyed by names that occur in several places.
+
+Each example carries one role character per target token (the tokenizer is character level,
+so target token i is ``target[i]``); see ROLES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+from typing import Iterator
+
+TASK_VERSION = "plan-exec-v2"
+
+LABELS_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+LABELS_LOWER = LABELS_UPPER.lower()
+MAX_STEPS = len(LABELS_UPPER) - 1  # the last label is kept for the answer step
+ALPHABET = "\n#+-;=?|0123456789" + LABELS_UPPER + LABELS_LOWER  # every character used
+
+# Role of every target character.
+ROLES = {
+    "L": "label: plan-line or step label (next letter, locally predictable)",
+    "P": "plan: operation copied from the prompt by its lowercase label",
+    "R": "retrieval: header re-reading its plan line far back (keyed by the uppercase label)",
+    "Z": "zero padding of the re-read operand to the register width (local)",
+    "X": "register copy: previous result row, one step (49 tokens at W=10) back",
+    "C": "carry or borrow digit (local arithmetic)",
+    "D": "result digit (local arithmetic)",
+    "A": "answer digit",
+    "F": "format: newlines and row prefixes",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Difficulty:
+    """Knobs of the generator. Lengths are exact functions of n_steps and width."""
+
+    min_steps: int = 17
+    max_steps: int = 21
+    width: int = 10  # digits of the register
+    operand_digits: int = 3  # digits of every operand in the prompt and the plan
+    ops: str = "+-"
+
+    def validate(self) -> None:
+        if not 1 <= self.min_steps <= self.max_steps <= MAX_STEPS:
+            raise ValueError(f"steps must satisfy 1 <= min <= max <= {MAX_STEPS}, got "
+                             f"{self.min_steps}..{self.max_steps}")
+        if self.width < 1:
+            raise ValueError(f"width must be >= 1, got {self.width}")
+        if not 1 <= self.operand_digits <= self.width:
+            raise ValueError(f"operand_digits must be in 1..width, got {self.operand_digits}")
+        if not self.ops or set(self.ops) - set("+-"):
+            raise ValueError(f"ops must be a non-empty subset of '+-', got {self.ops!r}")
+
+
+@dataclasses.dataclass
+class Example:
+    prompt: str
+    target: str  # reference output, without the end-of-sequence token
+    answer: str  # final register, least-significant digit first
+    roles: str  # one ROLES character per target character
+    n_steps: int
+
+    def retrieval_positions(self) -> list[int]:
+        return [i for i, r in enumerate(self.roles) if r == "R"]
+
+    def to_json(self, problem_id: str) -> dict:
+        return {
+            "id": problem_id,
+            "task_version": TASK_VERSION,
+            "n_steps": self.n_steps,
+            "prompt": self.prompt,
+            "answer": self.answer,
+            "target": self.target,
+            "roles": self.roles,
+            "retrieval": self.retrieval_positions(),
+        }
+
+
+def digits_lsb(value: int, width: int) -> str:
+    """`value` as `width` digits, least-significant first."""
+    return str(value).zfill(width)[::-1]
+
+
+def value_lsb(text: str) -> int:
+    return int(text[::-1])
+
+
+def _execute(op: str, x: str, y: str) -> tuple[str, str]:
+    """Carry/borrow row (c_0..c_{W-1}) and result row of x op y, all least-significant first."""
+    carries, result, c = [], [], 0
+    for xd, yd in zip(x, y):
+        carries.append(str(c))
+        s = int(xd) + int(yd) + c if op == "+" else int(xd) - int(yd) - c
+        if op == "+":
+            result.append(str(s % 10))
+            c = 1 if s >= 10 else 0
+        else:
+            result.append(str(s % 10))
+            c = 1 if s < 0 else 0
+    return "".join(carries), "".join(result)
+
+
+class _Writer:
+    """Accumulates target text together with its role marks."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.roles: list[str] = []
+
+    def put(self, text: str, role: str) -> None:
+        self.text.append(text)
+        self.roles.append(role * len(text))
+
+    def result(self) -> tuple[str, str]:
+        return "".join(self.text), "".join(self.roles)
+
+
+def build_example(ops: list[tuple[str, int]], order: list[int], width: int,
+                  operand_digits: int) -> Example:
+    """Build prompt, target and roles for operations `ops` (chain order) listed in the prompt
+    in the order `order` (a permutation of range(len(ops)))."""
+    n = len(ops)
+    if not 1 <= n <= MAX_STEPS:
+        raise ValueError(f"need 1..{MAX_STEPS} operations, got {n}")
+    if sorted(order) != list(range(n)):
+        raise ValueError("order must be a permutation of the operation indices")
+    if any(not 0 <= v < 10 ** operand_digits for _, v in ops):
+        raise ValueError(f"operands must have at most {operand_digits} digits")
+    lines = [op + digits_lsb(v, operand_digits) for op, v in ops]
+    pad = "0" * (width - operand_digits)
+    prompt = "".join(LABELS_LOWER[k] + lines[k] + ";" for k in order) + "\n"
+
+    w = _Writer()
+    for k in range(n):
+        w.put(LABELS_UPPER[k], "L")
+        w.put(lines[k], "P")
+        w.put("\n", "F")
+    w.put(LABELS_UPPER[n], "L")
+    w.put("?", "P")
+    w.put("\n", "F")
+
+    register = "0" * width
+    for k, (op, _) in enumerate(ops):
+        w.put(LABELS_UPPER[k], "L")
+        w.put(lines[k], "R")
+        w.put(pad, "Z")
+        w.put("\n|", "F")
+        w.put(register, "X")
+        w.put("\n" + op, "F")
+        carries, result = _execute(op, register, lines[k][1:] + pad)
+        w.put(carries, "C")
+        w.put("\n=", "F")
+        w.put(result, "D")
+        w.put("\n", "F")
+        register = result
+    w.put(LABELS_UPPER[n], "L")
+    w.put("?", "R")
+    w.put("\n#", "F")
+    w.put(register, "A")
+    target, roles = w.result()
+    return Example(prompt=prompt, target=target, answer=register, roles=roles, n_steps=n)
+
+
+def generate(rng: random.Random, diff: Difficulty) -> Example:
+    diff.validate()
+    n = rng.randint(diff.min_steps, diff.max_steps)
+    ops = []
+    for _ in range(n):
+        op = rng.choice(diff.ops)
+        ops.append((op, rng.randrange(10 ** diff.operand_digits)))
+    order = list(range(n))
+    rng.shuffle(order)
+    return build_example(ops, order, diff.width, diff.operand_digits)
+
+
+def reference_answer(prompt: str, width: int) -> str:
+    """Solve a prompt directly (independent of the target writer): the final register."""
+    items = [it for it in prompt.strip().split(";") if it]
+    chain = sorted(items, key=lambda it: it[0])
+    value = 0
+    for it in chain:
+        y = value_lsb(it[2:])
+        value = value + y if it[1] == "+" else value - y
+    return digits_lsb(value % 10 ** width, width)
+
+
+def extract_answer(generated: str) -> str | None:
+    """The digits of the final `#` line, or None when the output has no answer line."""
+    last = generated.rstrip("\n").split("\n")[-1]
+    if not last.startswith("#"):
+        return None
+    return last[1:]
+
+
+def split_examples(seed: int, count: int, diff: Difficulty) -> Iterator[Example]:
+    """`count` problems; problem i depends only on (TASK_VERSION, seed, i) and `diff`."""
+    for i in range(count):
+        yield generate(random.Random(f"{TASK_VERSION}:{seed}:{i}"), diff)
+
+
+def write_split(path: str, seed: int, count: int, diff: Difficulty) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for i, ex in enumerate(split_examples(seed, count, diff)):
+            rec = ex.to_json(f"{seed}-{i}")
+            rec["difficulty"] = dataclasses.asdict(diff)
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+
+def read_split(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m beaconkv.task",
+        description="Write a split of plan-and-execute problems (one JSON object a line).")
+    p.add_argument("--out", required=True, help="output .jsonl path")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--count", type=int, default=200)
+    d = Difficulty()
+    p.add_argument("--min-steps", type=int, default=d.min_steps)
+    p.add_argument("--max-steps", type=int, default=d.max_steps)
+    p.add_argument("--width", type=int, default=d.width)
+    p.add_argument("--operand-digits", type=int, default=d.operand_digits)
+    p.add_argument("--ops", default=d.ops)
+    a = p.parse_args(argv)
+    diff = Difficulty(a.min_steps, a.max_steps, a.width, a.operand_digits, a.ops)
+    try:
+        diff.validate()
+    except ValueError as e:
+        p.error(str(e))
+    write_split(a.out, a.seed, a.count, diff)
+    exs = read_split(a.out)
+    mean_len = sum(len(e["target"]) + 1 for e in exs) / len(exs)
+    print(f"wrote {len(exs)} problems to {a.out}; mean generated length {mean_len:.1f} tokens "
+          f"(with end-of-sequence)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+// BeaconKV specifics: the FPS query buffer keeps a planted rare cluster and drops
+// near-duplicates of the majority; beacons are exactly RoPE at the current position; and a
+// key only the planted cluster attends to survives under beacon but not under snapkv.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/beacon_bank.h"
+#include "core/policy.h"
+#include "core/rope.h"
+#include "gtest/gtest.h"
+
+namespace beaconkv {
+namespace {
+
+std::vector<float> Unit(std::mt19937& rng, int32_t d) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(d);
+  double sq = 0;
+  for (float& x : v) {
+    x = dist(rng);
+    sq += x * x;
+  }
+  for (float& x : v) x /= static_cast<float>(std::sqrt(sq));
+  return v;
+}
+
+std::vector<float> Near(std::mt19937& rng, const std::vector<float>& center, float noise,
+                        float scale) {
+  std::normal_distribution<float> dist(0.0f, noise);
+  std::vector<float> v(center.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * (center[i] + dist(rng));
+  return v;
+}
+
+double Cos(const float* a, const float* b, int32_t d) {
+  double ab = 0, aa = 0, bb = 0;
+  for (int32_t i = 0; i < d; ++i) {
+    ab += double(a[i]) * b[i];
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
+
+TEST(CosineFpsTest, TiesGoToTheEarliestPoint) {
+  const std::vector<float> same = {1, 0, 1, 0, 1, 0, 1, 0};  // 4 identical points
+  EXPECT_EQ(CosineFarthestPointOrder(same.data(), 4, 2, 4), (std::vector<int32_t>{0, 1, 2, 3}));
+  // Seed: farthest from the mean direction; then farthest from the chosen set.
+  const std::vector<float> pts = {1, 0, 1, 0.1f, 0, 1, 1, -0.1f, -1, 0};
+  EXPECT_EQ(CosineFarthestPointOrder(pts.data(), 5, 2, 3), (std::vector<int32_t>{4, 0, 2}));
+}
+
+class BeaconBufferTest : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(BeaconBufferTest, PlantedClusterSurvivesReductionMajorityIsThinned) {
+  const uint32_t seed = GetParam();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const int32_t d = 64;
+  const std::vector<float> majority = Unit(rng, d);
+  const std::vector<float> planted = Unit(rng, d);
+  BeaconBank bank(d, /*buffer_min=*/64, /*buffer_max=*/256);
+  // 1,000 steps of a 2-head group whose heads emit the same vector (exact near-duplicates),
+  // all close to one direction, plus 3 planted queries of another direction at random steps.
+  std::vector<int32_t> planted_at = {static_cast<int32_t>(rng() % 1000),
+                                     static_cast<int32_t>(rng() % 1000),
+                                     static_cast<int32_t>(rng() % 1000)};
+  int64_t reductions_seen = 0;
+  int32_t planted_fed = 0;
+  for (int32_t t = 0; t < 1000; ++t) {
+    const bool is_planted = std::count(planted_at.begin(), planted_at.end(), t) > 0;
+    const std::vector<float> q = Near(rng, is_planted ? planted : majority, 0.02f, 3.0f);
+    for (int32_t h = 0; h < 2; ++h) {
+      bank.Append(q.data());
+      if (bank.num_reductions() == reductions_seen) continue;
+      reductions_seen = bank.num_reductions();
+      ASSERT_EQ(bank.size(), 64);
+      int32_t planted_in = 0, majority_in = 0;
+      for (int32_t i = 0; i < bank.size(); ++i) {
+        planted_in += Cos(bank.data() + i * d, planted.data(), d) > 0.95 ? 1 : 0;
+        majority_in += Cos(bank.data() + i * d, majority.data(), d) > 0.95 ? 1 : 0;
+        for (int32_t j = 0; j < i; ++j) {
+          ASSERT_LT(Cos(bank.data() + i * d, bank.data() + j * d, d), 0.999)
+              << "near-duplicates " << j << " and " << i << " both kept at t=" << t;
+        }
+      }
+      if (planted_fed > 0) {
+        EXPECT_GE(planted_in, 1) << "planted cluster lost at t=" << t;
+        EXPECT_LE(majority_in, 63);
+      }
+    }
+    planted_fed += is_planted ? 1 : 0;
+  }
+  EXPECT_GE(reductions_seen, 8);
+  ASSERT_GT(planted_fed, 0);
+  // The first beacon is a planted query (it is the farthest from the buffer's mean).
+  auto rope = Rope::Create({d, 1e6});
+  ASSERT_TRUE(rope.ok());
+  std::vector<float> beacons;
+  ASSERT_EQ(bank.Beacons(2, *rope, 0, &beacons), 2);
+  EXPECT_GT(Cos(beacons.data(), planted.data(), d), 0.95);
+  EXPECT_GT(Cos(beacons.data() + d, majority.data(), d), 0.95);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, BeaconBufferTest, ::testing::Values(1u, 2u, 3u, 17u, 12345u));
+
+TEST(BeaconBankTest, BeaconRotationEqualsRopeAtThePosition) {
+  for (int32_t d : {2, 6, 128}) {
+    std::mt19937 rng(d);
+    auto rope = Rope::Create({d, 1e6});
+    ASSERT_TRUE(rope.ok());
+    BeaconBank bank(d, 1, 3);
+    const std::vector<float> q = Near(rng, Unit(rng, d), 0.0f, 2.5f);
+    bank.Append(q.data());
+    for (int64_t t : {0, 1, 63, 2175, 40000}) {
+      std::vector<float> beacons, direct(d);
+      ASSERT_EQ(bank.Beacons(1, *rope, t, &beacons), 1);
+      rope->Rotate(q.data(), t, direct.data());
+      EXPECT_EQ(beacons, direct) << "d=" << d << " t=" << t;
+    }
+  }
+}
+
+// Full stateful run: 600 decode steps of a d=64, GQA-4 head. Local queries (post-RoPE) all
+// point at the recent "local" keys; three early steps carry a planted pre-RoPE query v, and
+// one old key is R_t(v): only a revisit would read it. snapkv evicts it, beacon keeps it.
+TEST(BeaconVsSnapKv, KeyOnlyThePlantedClusterAttendsTo) {
+  for (uint32_t seed : {5u, 6u, 7u}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    std::mt19937 rng(seed);
+    const int32_t d = 64, g = 4, n = 600, prompt = 8, budget = 64, target_pos = 40;
+    PolicyGeometry geo;
+    geo.group_size = g;
+    geo.rope = {d, 1e6};
+    auto rope = Rope::Create(geo.rope);
+    ASSERT_TRUE(rope.ok());
+    const std::vector<float> local = Unit(rng, d);
+    const std::vector<float> planted = Unit(rng, d);
+    const std::vector<float> majority_pre = Unit(rng, d);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> keys;
+    std::vector<int32_t> pos;
+    for (int32_t p = 0; p < n; ++p) {
+      std::vector<float> k(d);
+      if (p == target_pos) {
+        std::vector<float> v(d);
+        for (int32_t i = 0; i < d; ++i) v[i] = 8.0f * planted[i];
+        rope->Rotate(v.data(), n - 1, k.data());
+      } else if (p >= n - 100) {
+        k = Near(rng, local, 0.1f, 8.0f);  // the keys local queries read
+      } else {
+        for (float& x : k) x = dist(rng);
+      }
+      keys.insert(keys.end(), k.begin(), k.end());
+      pos.push_back(p);
+    }
+    BeaconConfig beacon;
+    beacon.budget = budget;
+    beacon.n_recent = 16;
+    SnapKvConfig snap;
+    snap.budget = budget;
+    snap.window = 16;
+    for (const PolicyConfig& config : {PolicyConfig(beacon), PolicyConfig(snap)}) {
+      auto state_or = NewPolicyState(config, geo, prompt);
+      ASSERT_TRUE(state_or.ok()) << state_or.status();
+      PolicyState& state = **state_or;
+      std::mt19937 qrng(seed + 1000);  // same history for both policies
+      for (int32_t p = prompt; p < n; ++p) {
+        const bool revisit = p == 50 || p == 51 || p == 52;
+        std::vector<float> pre, post;
+        for (int32_t h = 0; h < g; ++h) {
+          const std::vector<float> a = Near(qrng, revisit ? planted : majority_pre, 0.05f, 8.0f);
+          const std::vector<float> b = Near(qrng, local, 0.1f, 8.0f);
+          pre.insert(pre.end(), a.begin(), a.end());
+          post.insert(post.end(), b.begin(), b.end());
+        }
+        ASSERT_TRUE(state.Observe(0, 0, {p, pre.data(), post.data()}, nullptr).ok());
+      }
+      const HeadKeys head{keys.data(), pos.data(), n};
+      auto keep = state.Compress(0, absl::MakeConstSpan(&head, 1), std::vector<int32_t>{0}, n - 1);
+      ASSERT_TRUE(keep.ok()) << keep.status();
+      const std::vector<int32_t>& slots = (*keep)[0].slots;
+      EXPECT_EQ(static_cast<int32_t>(slots.size()), budget);
+      const bool kept = std::binary_search(slots.begin(), slots.end(), target_pos);
+      EXPECT_EQ(kept, std::holds_alternative<BeaconConfig>(config))
+          << PolicyName(config) << (kept ? " kept" : " evicted") << " the revisit target";
+      EXPECT_GT(state.StateBytes(), 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace beaconkv

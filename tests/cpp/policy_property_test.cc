@@ -1,0 +1,337 @@
+// Properties of every policy over random inputs, odd sizes and shuffled slot orders:
+// the budget is met exactly (uniform) or per layer (pooled); protected tokens are always
+// kept; results are deterministic, independent of slot order, and ties go to recent tokens.
+#include <algorithm>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/policy.h"
+#include "gtest/gtest.h"
+#include "policy_test_util.h"
+
+namespace beaconkv {
+namespace {
+
+using ::beaconkv::testing::HeadCase;
+using ::beaconkv::testing::KeptPositions;
+
+// Small budgets so that every size above them really compresses.
+PolicyConfig SmallConfig(const std::string& name) {
+  PolicyConfig c = *DefaultPolicyConfig(name);
+  std::visit(
+      [](auto& cfg) {
+        using T = std::decay_t<decltype(cfg)>;
+        if constexpr (std::is_same_v<T, StreamingConfig> || std::is_same_v<T, H2OConfig> ||
+                      std::is_same_v<T, TovaConfig>) {
+          cfg.budget = 9;
+        } else if constexpr (std::is_same_v<T, SnapKvConfig> || std::is_same_v<T, RkvConfig>) {
+          cfg.budget = 9;
+          cfg.window = 3;
+        } else if constexpr (std::is_same_v<T, RpcConfig>) {
+          cfg.period = 8;
+          cfg.window = 3;
+          cfg.ratio = 4;
+        } else if constexpr (std::is_same_v<T, BeaconConfig>) {
+          cfg.budget = 9;
+          cfg.n_recent = 3;
+          cfg.n_beacons = 2;
+          cfg.n_sinks = 2;
+          cfg.buffer_max = 8;
+          cfg.buffer_min = 3;
+          cfg.pool_kernel = 3;
+        }
+      },
+      c);
+  return c;
+}
+
+// Positions with gaps (as after earlier evictions), a random prompt length and history.
+HeadCase RandomCase(uint32_t seed, int32_t n, int32_t d, int32_t g, bool zero_keys) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  HeadCase c;
+  c.head_dim = d;
+  c.group_size = g;
+  c.prompt_len = std::uniform_int_distribution<int32_t>(0, 4)(rng);
+  int32_t p = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    std::vector<float> k(d);
+    for (float& x : k) x = zero_keys ? 0.0f : dist(rng);
+    c.AddKey(p, k);
+    p += 1 + (i >= 4 && rng() % 3 == 0 ? static_cast<int32_t>(rng() % 3) : 0);
+  }
+  const int32_t last = c.positions.empty() ? 0 : c.positions.back();
+  const int32_t steps = std::min(n, 20);
+  for (int32_t s = 0; s < steps; ++s) {
+    std::vector<float> pre(g * d), post(g * d);
+    for (float& x : pre) x = dist(rng);
+    for (float& x : post) x = dist(rng);
+    c.AddStep(last - steps + 1 + s, pre, post);
+  }
+  return c;
+}
+
+// Positions every policy must keep for this case (position-order reasoning, per reference).
+std::set<int32_t> MustKeep(const PolicyConfig& config, const HeadCase& c) {
+  const std::vector<int32_t>& pos = c.positions;
+  const int32_t n = static_cast<int32_t>(pos.size());
+  std::set<int32_t> must;
+  auto newest = [&](int32_t k) {
+    for (int32_t i = std::max(0, n - k); i < n; ++i) must.insert(pos[i]);
+  };
+  auto oldest = [&](int32_t k) {
+    for (int32_t i = 0; i < std::min(n, k); ++i) must.insert(pos[i]);
+  };
+  const int32_t prompt =
+      static_cast<int32_t>(std::lower_bound(pos.begin(), pos.end(), c.prompt_len) - pos.begin());
+  std::visit(
+      [&](const auto& cfg) {
+        using T = std::decay_t<decltype(cfg)>;
+        if constexpr (std::is_same_v<T, StreamingConfig>) {
+          oldest(cfg.n_sinks);
+          newest(cfg.budget - cfg.n_sinks);
+        } else if constexpr (std::is_same_v<T, H2OConfig>) {
+          newest(static_cast<int32_t>(cfg.budget * cfg.recent_fraction));
+        } else if constexpr (std::is_same_v<T, SnapKvConfig> || std::is_same_v<T, RkvConfig>) {
+          newest(cfg.window);
+        } else if constexpr (std::is_same_v<T, RpcConfig>) {
+          oldest(prompt);
+          newest(cfg.window);
+        } else if constexpr (std::is_same_v<T, BeaconConfig>) {
+          newest(cfg.n_recent);
+          oldest(prompt + cfg.n_recent <= cfg.budget ? prompt : cfg.n_sinks);
+        }
+      },
+      config);
+  return must;
+}
+
+int64_t ExpectedKept(const PolicyConfig& config, const HeadCase& c) {
+  const int32_t n = c.num_tokens();
+  if (const auto* rpc = std::get_if<RpcConfig>(&config)) {
+    const int32_t prompt = static_cast<int32_t>(
+        std::lower_bound(c.positions.begin(), c.positions.end(), c.prompt_len) -
+        c.positions.begin());
+    const int32_t region = std::max(0, n - rpc->window - prompt);
+    return n - region + std::min(region, rpc->period / rpc->ratio);
+  }
+  if (std::holds_alternative<FullConfig>(config)) return n;
+  const int32_t budget = std::visit(
+      [](const auto& cfg) {
+        if constexpr (requires { cfg.budget; }) {
+          return cfg.budget;
+        } else {
+          return 0;
+        }
+      },
+      config);
+  return std::min(n, budget);
+}
+
+class PolicyPropertyTest
+    : public ::testing::TestWithParam<std::tuple<std::string, int32_t, int32_t, int32_t>> {};
+
+TEST_P(PolicyPropertyTest, BudgetProtectionDeterminismSlotOrder) {
+  const auto [name, n, d, g] = GetParam();
+  const PolicyConfig config = SmallConfig(name);
+  for (uint32_t seed = 1; seed <= 5; ++seed) {
+    SCOPED_TRACE(::testing::Message()
+                 << name << " seed " << seed << " n " << n << " d " << d << " g " << g);
+    const HeadCase c = RandomCase(seed * 7919 + n, n, d, g, /*zero_keys=*/false);
+    absl::StatusOr<std::vector<int32_t>> kept = KeptPositions(config, c, 0);
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_EQ(static_cast<int64_t>(kept->size()), ExpectedKept(config, c));
+    for (int32_t p : MustKeep(config, c)) {
+      EXPECT_TRUE(std::binary_search(kept->begin(), kept->end(), p)) << "protected " << p;
+    }
+    // Deterministic, and the same positions whatever the slot order.
+    EXPECT_EQ(*KeptPositions(config, c, 0), *kept);
+    EXPECT_EQ(*KeptPositions(config, c, seed + 100), *kept);
+  }
+}
+
+TEST_P(PolicyPropertyTest, TiesGoToRecentTokens) {
+  // All keys zero: every score ties (rkv's redundancy too), so every policy keeps its
+  // protected tokens and then the newest ones.
+  const auto [name, n, d, g] = GetParam();
+  const PolicyConfig config = SmallConfig(name);
+  const uint32_t seed = 99 + n;
+  SCOPED_TRACE(::testing::Message() << name << " seed " << seed);
+  HeadCase c = RandomCase(seed, n, d, g, /*zero_keys=*/true);
+  if (std::holds_alternative<H2OConfig>(config)) {
+    // Older keys have seen more queries, so equal attention per query is not a tie for
+    // accumulated scores; with no queries observed every accumulator is zero.
+    c.pre.clear();
+    c.post.clear();
+    c.query_positions.clear();
+  }
+  absl::StatusOr<std::vector<int32_t>> kept = KeptPositions(config, c, seed);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  std::set<int32_t> expect = MustKeep(config, c);
+  const int64_t target = ExpectedKept(config, c);
+  for (int32_t i = n - 1; i >= 0 && static_cast<int64_t>(expect.size()) < target; --i) {
+    // rpc picks only inside its generated region, which the protected set brackets.
+    expect.insert(c.positions[i]);
+  }
+  if (!std::holds_alternative<RpcConfig>(config)) {
+    EXPECT_EQ(*kept, std::vector<int32_t>(expect.begin(), expect.end()));
+  } else {
+    EXPECT_EQ(static_cast<int64_t>(kept->size()), target);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPolicies, PolicyPropertyTest,
+                         ::testing::Combine(::testing::Values("full", "streaming", "h2o", "tova",
+                                                              "snapkv", "rkv", "rpc", "beacon"),
+                                            ::testing::Values(1, 3, 9, 17, 64),
+                                            ::testing::Values(2, 6, 32), ::testing::Values(1, 3)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_n" +
+                                  std::to_string(std::get<1>(info.param)) + "_d" +
+                                  std::to_string(std::get<2>(info.param)) + "_g" +
+                                  std::to_string(std::get<3>(info.param));
+                         });
+
+TEST(PolicyPooledProperty, LayerBudgetSummedOverHeads) {
+  for (const char* name : {"beacon", "snapkv"}) {
+    for (uint32_t seed = 1; seed <= 6; ++seed) {
+      SCOPED_TRACE(::testing::Message() << name << " seed " << seed);
+      std::mt19937 rng(seed);
+      std::normal_distribution<float> dist(0.0f, 1.5f);
+      PolicyGeometry geo;
+      geo.num_layers = 2;
+      geo.num_kv_heads = 3;
+      geo.group_size = 2;
+      geo.rope = testing::TestRope(6);
+      PolicyConfig config = SmallConfig(name);
+      int32_t budget = 0, protected_newest = 0;
+      if (auto* b = std::get_if<BeaconConfig>(&config)) {
+        b->budget_mode = BudgetMode::kPooled;
+        budget = b->budget;
+        protected_newest = b->n_recent;
+      } else {
+        auto& s = std::get<SnapKvConfig>(config);
+        s.budget_mode = BudgetMode::kPooled;
+        budget = s.budget;
+        protected_newest = s.window;
+      }
+      const int32_t prompt_len = 2;
+      auto state_or = NewPolicyState(config, geo, prompt_len);
+      ASSERT_TRUE(state_or.ok()) << state_or.status();
+      PolicyState& state = **state_or;
+      const int32_t layer = seed % 2;
+      // Heads of different lengths, as after earlier pooled rounds.
+      std::vector<std::vector<float>> keys(3);
+      std::vector<std::vector<int32_t>> pos(3);
+      std::vector<HeadKeys> heads(3);
+      int32_t total = 0;
+      for (int32_t h = 0; h < 3; ++h) {
+        const int32_t n = 10 + static_cast<int32_t>(rng() % 30);
+        total += n;
+        for (int32_t i = 0; i < n; ++i) {
+          pos[h].push_back(i < prompt_len ? i : 100 - n + i);
+          for (int32_t x = 0; x < 6; ++x) keys[h].push_back(dist(rng));
+        }
+        for (int32_t s = 0; s < 12; ++s) {
+          std::vector<float> q(2 * 6);
+          for (float& x : q) x = dist(rng);
+          ASSERT_TRUE(state.Observe(layer, h, {90 + s, q.data(), q.data()}, nullptr).ok());
+        }
+        heads[h] = {keys[h].data(), pos[h].data(), n};
+      }
+      auto keep = state.Compress(layer, heads, std::vector<int32_t>{0}, 101);
+      ASSERT_TRUE(keep.ok()) << keep.status();
+      ASSERT_EQ(keep->size(), 3u);  // pooled compresses the whole layer
+      int32_t kept = 0;
+      for (const HeadKeepSet& k : *keep) {
+        kept += static_cast<int32_t>(k.slots.size());
+        EXPECT_EQ(k.layer, layer);
+        const int32_t n = heads[k.kv_head].num_tokens;
+        for (int32_t i = std::max(0, n - protected_newest); i < n; ++i) {
+          EXPECT_TRUE(std::binary_search(k.slots.begin(), k.slots.end(), i));
+        }
+      }
+      EXPECT_EQ(kept, std::min(total, budget * 3));
+    }
+  }
+}
+
+TEST(PolicyConfigTest, NamesAndInvalidConfigurations) {
+  EXPECT_EQ(PolicyNames(), (std::vector<std::string>{"full", "streaming", "h2o", "tova", "snapkv",
+                                                     "rkv", "rpc", "beacon"}));
+  for (const std::string& name : PolicyNames()) {
+    auto c = DefaultPolicyConfig(name);
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(PolicyName(*c), name);
+    EXPECT_TRUE(ValidatePolicyConfig(*c).ok()) << name;
+    const PolicyTraits t = DescribePolicy(*c);
+    EXPECT_FALSE(t.query_space.empty() || t.gqa_reduction.empty() || t.pooling.empty() ||
+                 t.trigger.empty());
+  }
+  auto unknown = DefaultPolicyConfig("lru");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("lru"), std::string::npos);
+
+  BeaconConfig b;
+  b.budget = 10;  // < n_recent 16 + n_sinks 4
+  EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ValidatePolicyConfig(b).message().find("protected"), std::string::npos);
+  b = BeaconConfig{};
+  b.buffer_min = 300;
+  EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ValidatePolicyConfig(b).message().find("buffer_min"), std::string::npos);
+  b = BeaconConfig{};
+  b.pool_kernel = 4;
+  EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
+  SnapKvConfig s;
+  s.budget = 8;  // == window
+  EXPECT_EQ(ValidatePolicyConfig(s).code(), absl::StatusCode::kInvalidArgument);
+  StreamingConfig st;
+  st.budget = 3;
+  EXPECT_EQ(ValidatePolicyConfig(st).code(), absl::StatusCode::kInvalidArgument);
+  RpcConfig r;
+  r.ratio = 2000;
+  EXPECT_EQ(ValidatePolicyConfig(r).code(), absl::StatusCode::kInvalidArgument);
+  // NewPolicyState validates too.
+  PolicyGeometry geo;
+  geo.rope = testing::TestRope(4);
+  b = BeaconConfig{};
+  EXPECT_EQ(NewPolicyState(b, geo, 0).status().code(), absl::StatusCode::kOk);
+  b.buffer_max = 2;
+  EXPECT_EQ(NewPolicyState(b, geo, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  geo.rope.head_dim = 5;
+  EXPECT_EQ(NewPolicyState(FullConfig{}, geo, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PolicyStateTest, UniformTriggerAndArgumentChecks) {
+  PolicyGeometry geo;
+  geo.num_layers = 2;
+  geo.num_kv_heads = 2;
+  geo.rope = testing::TestRope(4);
+  BeaconConfig cfg;
+  cfg.budget = 64;
+  cfg.interval = 16;
+  auto state = NewPolicyState(cfg, geo, 4);
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ((*state)->DueHeads(1, std::vector<int32_t>{79, 80}), std::vector<int32_t>{1});
+  const std::vector<float> q(4, 1.0f);
+  EXPECT_EQ((*state)->Observe(2, 0, {0, q.data(), q.data()}, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  const HeadKeys one[1] = {};
+  EXPECT_EQ((*state)->Compress(0, one, std::vector<int32_t>{0}, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);  // needs both heads of the layer
+  EXPECT_EQ((*state)->Observe(0, 0, {0, nullptr, q.data()}, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_GT((*state)->StateBytes(), 0);
+  auto h2o = NewPolicyState(H2OConfig{}, geo, 4);
+  ASSERT_TRUE(h2o.ok());
+  EXPECT_TRUE((*h2o)->NeedsKeysOnObserve());
+  EXPECT_EQ((*h2o)->Observe(0, 0, {0, q.data(), q.data()}, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace beaconkv

@@ -1,0 +1,200 @@
+// The shared scoring pipeline against plain double-precision references: attention scores
+// under every GQA/query reduction, pooling, R-KV redundancy, selection and its tie rule.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/redundancy.h"
+#include "core/scoring.h"
+#include "core/selection.h"
+#include "gtest/gtest.h"
+
+namespace beaconkv {
+namespace {
+
+std::vector<float> Random(std::mt19937& rng, size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<double> NaiveSoftmax(std::vector<double> x) {
+  const double m = *std::max_element(x.begin(), x.end());
+  double s = 0;
+  for (double& v : x) s += (v = std::exp(v - m));
+  for (double& v : x) v /= s;
+  return x;
+}
+
+std::vector<double> NaiveScores(const std::vector<float>& keys, int32_t begin, int32_t end,
+                                int32_t d, const std::vector<float>& q, int32_t nq, int32_t g,
+                                GqaReduction gqa, QueryReduction qr) {
+  const int32_t n = end - begin;
+  std::vector<double> out(n, 0.0);
+  for (int32_t r = 0; r < nq; ++r) {
+    std::vector<std::vector<double>> logits(g, std::vector<double>(n));
+    for (int32_t h = 0; h < g; ++h) {
+      for (int32_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int32_t x = 0; x < d; ++x)
+          s += double(q[(r * g + h) * d + x]) * keys[(begin + j) * d + x];
+        logits[h][j] = s / std::sqrt(double(d));
+      }
+    }
+    std::vector<double> red(
+        n, gqa == GqaReduction::kMaxLogits || gqa == GqaReduction::kMaxProbs ? -1e300 : 0.0);
+    if (gqa == GqaReduction::kMaxLogits) {
+      for (int32_t h = 0; h < g; ++h)
+        for (int32_t j = 0; j < n; ++j) red[j] = std::max(red[j], logits[h][j]);
+      red = NaiveSoftmax(red);
+    } else {
+      for (int32_t h = 0; h < g; ++h) {
+        const std::vector<double> p = NaiveSoftmax(logits[h]);
+        for (int32_t j = 0; j < n; ++j) {
+          red[j] = gqa == GqaReduction::kMaxProbs ? std::max(red[j], p[j]) : red[j] + p[j] / g;
+        }
+      }
+    }
+    for (int32_t j = 0; j < n; ++j) {
+      out[j] = qr == QueryReduction::kMax ? std::max(out[j], red[j]) : out[j] + red[j];
+    }
+  }
+  if (qr == QueryReduction::kMean)
+    for (double& v : out) v /= nq;
+  return out;
+}
+
+class AttentionScoresTest
+    : public ::testing::TestWithParam<std::tuple<int32_t, int32_t, int32_t, int32_t>> {};
+
+TEST_P(AttentionScoresTest, MatchesNaive) {
+  const auto [n, d, g, nq] = GetParam();
+  const uint32_t seed = n * 1000 + d * 10 + g;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  const std::vector<float> keys = Random(rng, static_cast<size_t>(n) * d);
+  const std::vector<float> q = Random(rng, static_cast<size_t>(nq) * g * d, 2.0f);
+  for (GqaReduction gqa :
+       {GqaReduction::kMaxLogits, GqaReduction::kMaxProbs, GqaReduction::kMeanProbs}) {
+    for (QueryReduction qr : {QueryReduction::kMax, QueryReduction::kMean, QueryReduction::kSum}) {
+      for (auto [begin, end] : {std::pair{0, n}, std::pair{n / 3, n - n / 4}}) {
+        if (end <= begin) continue;
+        std::vector<float> out(end - begin);
+        ScoreScratch scratch;
+        AttentionScores(keys.data(), begin, end, d, q.data(), nq, g, {gqa, qr}, out.data(),
+                        &scratch);
+        const std::vector<double> ref = NaiveScores(keys, begin, end, d, q, nq, g, gqa, qr);
+        for (int32_t j = 0; j < end - begin; ++j) {
+          ASSERT_NEAR(out[j], ref[j], 2e-5 * std::max(1.0, ref[j]))
+              << GqaReductionName(gqa) << " / " << QueryReductionName(qr) << " j=" << j;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OddSizes, AttentionScoresTest,
+                         ::testing::Combine(::testing::Values(1, 3, 17, 130),
+                                            ::testing::Values(2, 6, 64), ::testing::Values(1, 3, 4),
+                                            ::testing::Values(1, 5)));
+
+TEST(SoftmaxTest, StableForLargeAndEqualLogits) {
+  std::vector<float> x = {1000.0f, 1000.0f, -1000.0f};
+  SoftmaxInPlace(x.data(), 3);
+  EXPECT_FLOAT_EQ(x[0], 0.5f);
+  EXPECT_FLOAT_EQ(x[1], 0.5f);
+  EXPECT_EQ(x[2], x[2]);  // not NaN
+  EXPECT_LT(x[2], 1e-30f);
+  std::mt19937 rng(3);
+  std::vector<float> y = Random(rng, 1001, 30.0f);
+  std::vector<double> yd(y.begin(), y.end());
+  SoftmaxInPlace(y.data(), 1001);
+  const std::vector<double> ref = NaiveSoftmax(yd);
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-6 + 1e-5 * ref[i]);
+}
+
+TEST(Pool1dTest, MatchesTorchSemantics) {
+  // max_pool1d(kernel 3, padding 1): -inf padding; avg_pool1d: zero padding counted.
+  std::vector<float> a = {1, 5, 2, 0, 3};
+  std::vector<float> m = a;
+  Pool1d(Pooling::kMax, 3, absl::MakeSpan(m));
+  EXPECT_EQ(m, (std::vector<float>{5, 5, 5, 3, 3}));
+  std::vector<float> v = a;
+  Pool1d(Pooling::kAvg, 3, absl::MakeSpan(v));
+  const std::vector<float> expect = {6.0f / 3, 8.0f / 3, 7.0f / 3, 5.0f / 3, 3.0f / 3};
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_FLOAT_EQ(v[i], expect[i]);
+  std::vector<float> one = {4};
+  Pool1d(Pooling::kAvg, 7, absl::MakeSpan(one));
+  EXPECT_FLOAT_EQ(one[0], 4.0f / 7);
+  std::vector<float> same = a;
+  Pool1d(Pooling::kMax, 1, absl::MakeSpan(same));
+  EXPECT_EQ(same, a);
+  EXPECT_FALSE(ValidatePoolKernel(4, "x").ok());
+  EXPECT_TRUE(ValidatePoolKernel(7, "x").ok());
+}
+
+TEST(RedundancyTest, MatchesNaiveRkv) {
+  for (int32_t n : {1, 3, 17, 300, 513}) {
+    for (int32_t d : {2, 6, 64}) {
+      const uint32_t seed = n * 100 + d;
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " n " << n << " d " << d);
+      std::mt19937 rng(seed);
+      // Low-dimensional structure so that many pairs exceed the 0.5 threshold.
+      std::vector<float> keys = Random(rng, static_cast<size_t>(n) * d);
+      for (int32_t i = 0; i < n; ++i) keys[i * d] += 2.0f;
+      std::vector<float> out(n);
+      RedundancyScores(keys.data(), n, d, 0.5f, out.data());
+      std::vector<std::vector<double>> s(n, std::vector<double>(n));
+      std::vector<double> norm(n);
+      for (int32_t i = 0; i < n; ++i) {
+        double sq = 0;
+        for (int32_t x = 0; x < d; ++x) sq += double(keys[i * d + x]) * keys[i * d + x];
+        norm[i] = std::sqrt(sq) + 1e-8;
+      }
+      for (int32_t i = 0; i < n; ++i) {
+        for (int32_t j = 0; j < n; ++j) {
+          double dot = 0;
+          for (int32_t x = 0; x < d; ++x) dot += double(keys[i * d + x]) * keys[j * d + x];
+          s[i][j] = i == j ? 0.0 : dot / (norm[i] * norm[j]);
+        }
+        for (int32_t j = n - 1; j >= 0; --j) {
+          if (s[i][j] > 0.5) {
+            s[i][j] = 0;
+            break;
+          }
+        }
+      }
+      std::vector<double> mean(n, 0.0);
+      for (int32_t i = 0; i < n; ++i)
+        for (int32_t j = 0; j < n; ++j) mean[j] += s[i][j] / n;
+      const std::vector<double> ref = NaiveSoftmax(mean);
+      for (int32_t j = 0; j < n; ++j) ASSERT_NEAR(out[j], ref[j], 1e-5 * ref[j] + 1e-7) << j;
+    }
+  }
+}
+
+TEST(SelectionTest, TiesGoToTheMoreRecentToken) {
+  const std::vector<int32_t> pos = {0, 3, 5, 9, 11, 20};
+  const std::vector<uint8_t> protect = {1, 0, 0, 0, 0, 1};
+  const std::vector<float> scores = {0, 0.5f, 0.5f, 0.1f, 0.5f, 0};
+  // budget 4: protected {0, 5}; 2 more among the three 0.5s -> indexes 4 and 2.
+  EXPECT_EQ(SelectUniform({pos, protect, scores}, 4), (std::vector<int32_t>{0, 2, 4, 5}));
+  EXPECT_EQ(SelectUniform({pos, protect, scores}, 100), (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(SelectUniform({pos, protect, scores}, 2), (std::vector<int32_t>{0, 5}));
+}
+
+TEST(SelectionTest, PooledNormalisesPerHeadAndMeetsTheLayerBudget) {
+  const std::vector<int32_t> pos = {0, 1, 2, 3};
+  const std::vector<uint8_t> protect = {0, 0, 0, 1};
+  const std::vector<float> a = {0.9f, 0.05f, 0.05f, 0};  // normalised 0.9, .05, .05
+  const std::vector<float> b = {0.2f, 0.2f, 0.2f, 0};    // normalised 1/3 each
+  const std::vector<HeadCandidates> heads = {{pos, protect, a}, {pos, protect, b}};
+  const auto keep = SelectPooled(heads, 5);  // 2 protected + 3 free
+  EXPECT_EQ(keep[0], (std::vector<int32_t>{0, 3}));
+  EXPECT_EQ(keep[1], (std::vector<int32_t>{1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace beaconkv

@@ -1,0 +1,187 @@
+"""Eviction policies from Python: names, config classes, errors, run_policy on NumPy arrays,
+the stateful Policy, and keep-sets checked against the NumPy reference in
+bench/numpy_policies.py."""
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+import beaconkv
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+import numpy_policies as ref  # noqa: E402
+
+NAMES = ["full", "streaming", "h2o", "tova", "snapkv", "rkv", "rpc", "beacon"]
+
+
+def random_head(seed, n=200, d=16, g=4, steps=40):
+    rng = np.random.default_rng(seed)
+    keys = rng.standard_normal((n, d)).astype(np.float32)
+    pre = rng.standard_normal((steps, g, d)).astype(np.float32) * 2
+    post = rng.standard_normal((steps, g, d)).astype(np.float32) * 2
+    return keys, pre, post
+
+
+def test_policy_names():
+    assert beaconkv.policy_names() == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_classes_round_trip(name):
+    cfg = beaconkv.policy_config(name)
+    assert cfg.name == name
+    cfg.validate()
+    assert type(cfg)(**cfg.to_dict()) == cfg
+    assert name in repr(cfg) or type(cfg).__name__ in repr(cfg)
+    traits = beaconkv.describe_policy(cfg)
+    assert set(traits) == {"query_space", "gqa_reduction", "pooling", "trigger"}
+
+
+def test_documented_defaults():
+    b = beaconkv.BeaconConfig()
+    assert (b.budget, b.interval, b.n_recent, b.n_beacons, b.buffer_max, b.buffer_min) == (
+        2048, 128, 16, 16, 256, 64)
+    assert (b.pool_kernel, b.protect_prompt, b.budget_mode) == (1, True, "uniform")
+    r = beaconkv.RKVConfig()
+    assert (r.window, r.pool_kernel, r.lambda_, r.redundancy_threshold) == (8, 7, 0.1, 0.5)
+    s = beaconkv.SnapKVConfig()
+    assert (s.window, s.pool_kernel, s.pooling, s.interval) == (8, 7, "max", 128)
+    p = beaconkv.RPCConfig()
+    assert (p.period, p.window, p.ratio, p.pool_kernel, p.pooling) == (1024, 32, 4, 7, "avg")
+    assert beaconkv.StreamingConfig().n_sinks == 4
+    assert beaconkv.H2OConfig().recent_fraction == 0.5
+
+
+def test_invalid_configurations_raise_value_error():
+    with pytest.raises(ValueError, match="unknown policy \"lru\""):
+        beaconkv.policy_config("lru")
+    with pytest.raises(ValueError, match="smaller than the protected tokens"):
+        beaconkv.BeaconConfig(budget=8).validate()
+    with pytest.raises(ValueError, match="buffer_min"):
+        beaconkv.BeaconConfig(buffer_min=300).validate()
+    with pytest.raises(ValueError, match="no knob 'bogus'"):
+        beaconkv.BeaconConfig(bogus=1)
+    with pytest.raises(ValueError, match="pooled"):
+        beaconkv.BeaconConfig(budget_mode="shared")
+    keys, pre, post = random_head(0)
+    with pytest.raises(ValueError, match="budget"):
+        beaconkv.run_policy("snapkv", keys, np.arange(200), queries_post=post, budget=4)
+    with pytest.raises(ValueError, match="positions"):
+        beaconkv.run_policy("snapkv", keys, np.arange(10))
+    with pytest.raises(ValueError, match="queries_pre"):
+        beaconkv.run_policy("beacon", keys, np.arange(200), queries_pre=pre[:, :2],
+                            queries_post=post)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_run_policy_budget_protection_and_slot_order(name):
+    keys, pre, post = random_head(1)
+    n = keys.shape[0]
+    knobs = {
+        "full": {}, "streaming": {"budget": 64}, "h2o": {"budget": 64}, "tova": {"budget": 64},
+        "snapkv": {"budget": 64}, "rkv": {"budget": 64}, "rpc": {"period": 64, "window": 8},
+        "beacon": {"budget": 64, "buffer_max": 32, "buffer_min": 8, "n_beacons": 4},
+    }[name]
+    pos = np.arange(n, dtype=np.int32)
+    kept = beaconkv.run_policy(name, keys, pos, prompt_len=5, queries_pre=pre,
+                               queries_post=post, **knobs)
+    assert kept.dtype == np.int32 and np.all(np.diff(kept) > 0)
+    expected = {"full": n, "rpc": 5 + 8 + 16}.get(name, 64)
+    assert kept.size == expected
+    newest = {"streaming": 60, "h2o": 32, "snapkv": 8, "rkv": 8, "rpc": 8, "beacon": 16}
+    assert set(range(n - newest.get(name, 0), n)) <= set(kept.tolist())
+    # Same kept positions when the cache is stored in another slot order.
+    perm = np.random.default_rng(5).permutation(n)
+    kept2 = beaconkv.run_policy(name, keys[perm], pos[perm], prompt_len=5, queries_pre=pre,
+                                queries_post=post, **knobs)
+    assert sorted(pos[perm][kept2].tolist()) == kept.tolist()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_snapkv_and_rkv_match_numpy(seed):
+    keys, pre, post = random_head(10 + seed, n=301, d=32, g=3)
+    window_q = post[-8:]
+    pos = np.arange(keys.shape[0])
+    got = beaconkv.run_policy("snapkv", keys, pos, queries_post=post, budget=100)
+    np.testing.assert_array_equal(got, ref.snapkv_keep(keys, window_q, 100, window=8))
+    got = beaconkv.run_policy("rkv", keys, pos, queries_post=post, budget=100)
+    np.testing.assert_array_equal(got, ref.rkv_keep(keys, window_q, 100, window=8))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beacon_matches_numpy(seed):
+    d, g, theta = 32, 2, 1e6
+    keys, pre, post = random_head(20 + seed, n=257, d=d, g=g, steps=90)
+    buf = ref.BeaconBuffer(d, buffer_min=16, buffer_max=48)
+    for step in pre:
+        buf.append(step)
+    beacons = buf.beacons(8, 256, theta)
+    want = ref.beacon_keep(keys, post[-16:], beacons, 96, prompt_len=7, n_recent=16,
+                           pool_kernel=3)
+    got = beaconkv.run_policy(
+        beaconkv.BeaconConfig(budget=96, n_beacons=8, buffer_min=16, buffer_max=48,
+                              pool_kernel=3),
+        keys, np.arange(257), prompt_len=7, queries_pre=pre, queries_post=post,
+        rope_theta=theta)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_apply_rope_matches_numpy_and_beacon_rotation():
+    x = np.random.default_rng(3).standard_normal((5, 64)).astype(np.float32)
+    for t in (0, 1, 777, 2175):
+        np.testing.assert_allclose(beaconkv.apply_rope(x, t, 1e6), ref.rope(x, t, 1e6),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_stateful_policy_drives_compression():
+    d, g, layers, heads = 8, 2, 2, 2
+    pol = beaconkv.Policy(beaconkv.BeaconConfig(budget=24, interval=8, n_recent=4, n_sinks=2,
+                                                n_beacons=4, buffer_max=16, buffer_min=8),
+                          num_layers=layers, num_kv_heads=heads, group_size=g, head_dim=d,
+                          rope_theta=1e4, prompt_len=4)
+    assert pol.name == "beacon" and not pol.needs_keys_on_observe
+    rng = np.random.default_rng(0)
+    keys = [[rng.standard_normal((4, d)).astype(np.float32) for _ in range(heads)]
+            for _ in range(layers)]
+    pos = [[np.arange(4, dtype=np.int32) for _ in range(heads)] for _ in range(layers)]
+    compressions = 0
+    for p in range(4, 80):
+        for l in range(layers):
+            for h in range(heads):
+                keys[l][h] = np.vstack([keys[l][h], rng.standard_normal((1, d)).astype(np.float32)])
+                pos[l][h] = np.append(pos[l][h], np.int32(p))
+                q = rng.standard_normal((g, d)).astype(np.float32)
+                pol.observe(l, h, p, q, q)
+            due = pol.due_heads(l, [k.shape[0] for k in keys[l]])
+            if due:
+                for layer, h, slots in pol.compress(l, keys[l], pos[l], due, p):
+                    assert layer == l and slots.size == 24
+                    assert set(range(4)) <= set(pos[l][h][slots].tolist())  # prompt kept
+                    keys[l][h], pos[l][h] = keys[l][h][slots], pos[l][h][slots]
+                    compressions += 1
+    assert compressions > 0
+    assert all(k.shape[0] < 32 for row in keys for k in row)
+    assert pol.state_bytes > 0
+    with pytest.raises(ValueError, match="out of range"):
+        pol.observe(5, 0, 0, np.zeros((g, d), np.float32), np.zeros((g, d), np.float32))
+    h2o = beaconkv.Policy("h2o", 1, 1, 1, d)
+    assert h2o.needs_keys_on_observe
+    with pytest.raises(ValueError, match="needs the head's keys"):
+        h2o.observe(0, 0, 0, np.zeros((1, d), np.float32), np.zeros((1, d), np.float32))
+
+
+def test_docs_example_runs():
+    # The example in docs/policies.md.
+    rng = np.random.default_rng(0)
+    keys = rng.standard_normal((300, 64)).astype(np.float32)      # [n, head_dim] post-RoPE
+    positions = np.arange(300, dtype=np.int32)
+    q_pre = rng.standard_normal((100, 4, 64)).astype(np.float32)  # [steps, group, head_dim]
+    q_post = rng.standard_normal((100, 4, 64)).astype(np.float32)
+    cfg = beaconkv.BeaconConfig(budget=128)
+    kept = beaconkv.run_policy(cfg, keys, positions, prompt_len=20,
+                               queries_pre=q_pre, queries_post=q_post)
+    assert kept.size == 128
+    kept_snap = beaconkv.run_policy("snapkv", keys, positions, queries_post=q_post, budget=128)
+    assert kept_snap.size == 128

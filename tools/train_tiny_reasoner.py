@@ -1,0 +1,462 @@
+#!/usr/bin/env python3
+"""Train the tiny reasoning model that ships in models/tiny-reasoner/ (not run in CI).
+
+A small Llama (RMSNorm, RoPE, grouped-query attention, SwiGLU) learns the plan-and-execute task
+of beaconkv.task from freshly generated problems, with a curriculum from short problems (1-4
+steps) to a mix of lengths. The checkpoint is written in the HF layout (config.json,
+model.safetensors in fp32 with HF tensor names, tokenizer.json) every --save-every-min minutes,
+whenever the teacher-forced exact-trace rate on held-out long problems is at least the best seen
+so far. A trace is reproduced by greedy decoding exactly when every target token is the argmax
+under teacher forcing, so that rate is the greedy full-cache accuracy on those problems.
+
+    OPENBLAS_NUM_THREADS=1 /usr/bin/python3 tools/train_tiny_reasoner.py \\
+        --out models/tiny-reasoner --run-dir runs/tiny-reasoner --seed 1 --total-tokens 30e6
+
+Resume: add --resume (reads RUN_DIR/state.pt if present, else the weights in --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import random
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import beaconkv.task as task  # noqa: E402
+from beaconkv.tokenizer import CharTokenizer  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- model
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rope_tables(cfg: dict, length: int):
+    hd = cfg["head_dim"]
+    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    freqs = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)  # [T, hd]
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        d, hd = cfg["hidden_size"], cfg["head_dim"]
+        self.nh, self.nkv, self.hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], hd
+        self.q_proj = nn.Linear(d, self.nh * hd, bias=False)
+        self.k_proj = nn.Linear(d, self.nkv * hd, bias=False)
+        self.v_proj = nn.Linear(d, self.nkv * hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * hd, d, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)  # [B, H, T, hd]
+        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # [B, KV, T, hd]
+        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        g = self.nh // self.nkv
+        k = k.repeat_interleave(g, dim=1)  # query head h reads kv head h // g
+        v = v.repeat_interleave(g, dim=1)
+        att = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.hd)) + mask
+        y = torch.matmul(att.softmax(-1), v)  # [B, H, T, hd]
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.nh * self.hd))
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        d, f, eps = cfg["hidden_size"], cfg["intermediate_size"], cfg["rms_norm_eps"]
+        self.input_layernorm = RMSNorm(d, eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(d, eps)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(d, f, bias=False)
+        self.mlp.up_proj = nn.Linear(d, f, bias=False)
+        self.mlp.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        h = self.post_attention_layernorm(x)
+        return x + self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
+
+
+class TinyLlama(nn.Module):
+    """Parameter names match HF LlamaForCausalLM (model.layers.N.self_attn.q_proj.weight ...)."""
+
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.cfg = cfg
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
+        self.model.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg["num_hidden_layers"]))
+        self.model.norm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
+        self.apply(self._init)
+        scale = 1.0 / math.sqrt(2 * cfg["num_hidden_layers"])
+        for layer in self.model.layers:
+            layer.self_attn.o_proj.weight.data.mul_(scale)
+            layer.mlp.down_proj.weight.data.mul_(scale)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, ids):  # ids [B, T] -> logits [B, T, V]
+        t = ids.shape[1]
+        cos, sin = rope_tables(self.cfg, t)
+        mask = torch.full((t, t), float("-inf")).triu(1)
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask)
+        return self.lm_head(self.model.norm(x))
+
+
+# ----------------------------------------------------------------------------- checkpoint io
+
+def save_safetensors(path: str, tensors: dict[str, torch.Tensor]) -> None:
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        data = t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    header["__metadata__"] = {"format": "pt"}
+    hjson = json.dumps(header, separators=(",", ":")).encode()
+    hjson += b" " * (-len(hjson) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hjson)))
+        f.write(hjson)
+        for b in blobs:
+            f.write(b)
+
+
+def load_safetensors_f32(path: str) -> dict[str, torch.Tensor]:
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", f"{path}: {name} has dtype {info['dtype']}"
+        a, b = info["data_offsets"]
+        arr = np.frombuffer(raw, dtype="<f4", count=(b - a) // 4, offset=8 + n + a)
+        out[name] = torch.from_numpy(arr.copy().reshape(info["shape"]))
+    return out
+
+
+def write_checkpoint(out_dir: str, model: TinyLlama, tok: CharTokenizer, extra: dict) -> None:
+    """Write the HF-layout checkpoint; each file appears atomically (tmp + rename)."""
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = dict(model.cfg)
+    cfg.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "hidden_act": "silu", "torch_dtype": "float32",
+                "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
+                "pad_token_id": tok.pad_id, "beaconkv_task_version": task.TASK_VERSION,
+                "beaconkv_training": extra})
+    tmp = os.path.join(out_dir, ".tmp")
+    save_safetensors(tmp, model.state_dict())
+    os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
+    with open(tmp, "w") as f:
+        json.dump(cfg, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, os.path.join(out_dir, "config.json"))
+    tok.save(tmp)
+    os.replace(tmp, os.path.join(out_dir, "tokenizer.json"))
+
+
+# ----------------------------------------------------------------------------- data
+
+ROLE_CODES = "LPRZXCDAF"
+CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps", "vocab_size",
+               "max_position_embeddings", "tie_word_embeddings")
+
+
+def encode_batch(tok: CharTokenizer, exs: list[task.Example]):
+    """ids [B, T]; loss targets [B, T] (-100 on prompt); role codes [B, T] (-1 where none).
+
+    All problems of one batch have the same step count and width, hence the same length."""
+    rows, tgts, roles = [], [], []
+    for ex in exs:
+        p = [tok.bos_id] + tok.encode(ex.prompt)
+        t = tok.encode(ex.target) + [tok.eos_id]
+        seq = p + t
+        rows.append(seq[:-1])
+        tgts.append([-100] * (len(p) - 1) + t)
+        roles.append([-1] * (len(p) - 1) + [ROLE_CODES.index(r) for r in ex.roles] +
+                     [ROLE_CODES.index("F")])
+    return torch.tensor(rows), torch.tensor(tgts), torch.tensor(roles)
+
+
+def sample_steps(rng: random.Random, tokens_seen: float, args) -> int:
+    if tokens_seen < args.short_tokens:
+        return rng.randint(1, 4)
+    if rng.random() < args.short_frac:
+        return rng.randint(1, 6)
+    return rng.randint(5, args.max_steps)
+
+
+def make_batch(rng: random.Random, tokens_seen: float, args, tok):
+    n = sample_steps(rng, tokens_seen, args)
+    diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width,
+                           operand_digits=args.operand_digits)
+    exs = [task.generate(rng, diff)]
+    length = len(exs[0].prompt) + len(exs[0].target) + 2  # the same for every problem of diff
+    exs += [task.generate(rng, diff) for _ in range(max(1, args.batch_tokens // length) - 1)]
+    return encode_batch(tok, exs)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+@torch.no_grad()
+def evaluate(model, batches) -> dict:
+    """Teacher-forced per-role accuracy and exact-trace rate (== greedy full-cache accuracy)."""
+    model.eval()
+    hit = torch.zeros(len(ROLE_CODES))
+    tot = torch.zeros(len(ROLE_CODES))
+    exact, count, answer_ok = 0, 0, 0
+    for ids, tgt, roles in batches:
+        pred = model(ids).argmax(-1)
+        ok = (pred == tgt) | (tgt == -100)
+        exact += int(ok.all(1).sum())
+        ans = roles == ROLE_CODES.index("A")
+        answer_ok += int((ok | ~ans).all(1).sum())
+        count += ids.shape[0]
+        for r in range(len(ROLE_CODES)):
+            m = roles == r
+            hit[r] += (ok & m).sum()
+            tot[r] += m.sum()
+    model.train()
+    res = {f"acc_{c}": round(float(hit[i] / tot[i]), 5) for i, c in enumerate(ROLE_CODES)
+           if tot[i] > 0}
+    res["exact"] = exact / count
+    res["answer_tf"] = answer_ok / count
+    return res
+
+
+def eval_batches(tok, seed: int, count: int, lo: int, hi: int, args, per_batch: int):
+    out = []
+    rng = random.Random(f"eval:{seed}:{lo}-{hi}")
+    by_n: dict[int, list] = {}
+    for _ in range(count):
+        n = rng.randint(lo, hi)
+        diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width,
+                               operand_digits=args.operand_digits)
+        by_n.setdefault(n, []).append(task.generate(rng, diff))
+    for n in sorted(by_n):
+        exs = by_n[n]
+        for i in range(0, len(exs), per_batch):
+            out.append(encode_batch(tok, exs[i:i + per_batch]))
+    return out
+
+
+def evaluate_split(model_dir: str, split: str) -> dict:
+    """Greedy full-cache exact-trace accuracy (via teacher forcing) and per-role accuracy."""
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    model = TinyLlama({k: cfg[k] for k in CONFIG_KEYS})
+    model.load_state_dict(load_safetensors_f32(os.path.join(model_dir, "model.safetensors")))
+    tok = CharTokenizer.load(model_dir)
+    by_n: dict[int, list] = {}
+    for rec in task.read_split(split):
+        ex = task.Example(rec["prompt"], rec["target"], rec["answer"], rec["roles"],
+                          rec["n_steps"])
+        by_n.setdefault(ex.n_steps, []).append(ex)
+    batches = [encode_batch(tok, exs[i:i + 8]) for exs in by_n.values()
+               for i in range(0, len(exs), 8)]
+    res = evaluate(model, batches)
+    res["problems"] = sum(len(v) for v in by_n.values())
+    res["split"] = split
+    return res
+
+
+# ----------------------------------------------------------------------------- main
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="models/tiny-reasoner")
+    p.add_argument("--run-dir", default="runs/tiny-reasoner")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--ffn", type=int, default=384)
+    p.add_argument("--rope-theta", type=float, default=100000.0)
+    p.add_argument("--width", type=int, default=task.Difficulty().width)
+    p.add_argument("--operand-digits", type=int, default=task.Difficulty().operand_digits)
+    p.add_argument("--max-steps", type=int, default=23, help="longest training problem")
+    p.add_argument("--short-tokens", type=float, default=3e6,
+                   help="curriculum: tokens of 1-4 step problems before mixing in long ones")
+    p.add_argument("--short-frac", type=float, default=0.25)
+    p.add_argument("--batch-tokens", type=int, default=8192)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--min-lr-frac", type=float, default=0.05)
+    p.add_argument("--warmup-steps", type=int, default=100)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--total-tokens", type=float, default=30e6, help="length of the LR schedule")
+    p.add_argument("--deadline", default="", help="UTC HH:MM: save and stop at this time")
+    p.add_argument("--stop-step", type=int, default=0,
+                   help="save and stop after this optimizer step (reproduces a run that was "
+                        "stopped by --deadline; its step is in config.json)")
+    p.add_argument("--save-every-min", type=float, default=10.0)
+    p.add_argument("--eval-every", type=int, default=100, help="steps between quick evals")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--eval-split", default="",
+                   help="only evaluate the checkpoint in --out on this split file and exit")
+    args = p.parse_args()
+    if args.eval_split:
+        torch.set_num_threads(args.threads)
+        print(json.dumps(evaluate_split(args.out, args.eval_split)))
+        return 0
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(f"train:{args.seed}")
+    os.makedirs(args.run_dir, exist_ok=True)
+    log = open(os.path.join(args.run_dir, "train.log"), "a")
+
+    def emit(rec: dict) -> None:
+        line = json.dumps(rec)
+        print(line, flush=True)
+        log.write(line + "\n")
+        log.flush()
+
+    tok = CharTokenizer.from_chars(task.ALPHABET)
+    cfg = {"hidden_size": args.hidden, "intermediate_size": args.ffn,
+           "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
+           "num_key_value_heads": args.kv_heads, "head_dim": args.hidden // args.heads,
+           "rope_theta": args.rope_theta, "rms_norm_eps": 1e-5, "vocab_size": tok.vocab_size,
+           "max_position_embeddings": 2048, "tie_word_embeddings": False}
+    assert args.heads % args.kv_heads == 0 and args.heads // args.kv_heads >= 2
+    model = TinyLlama(cfg)
+    decay = [p_ for n, p_ in model.named_parameters() if p_.dim() >= 2]
+    no_decay = [p_ for n, p_ in model.named_parameters() if p_.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
+    step, tokens_seen, best, elapsed0 = 0, 0.0, -1.0, 0.0
+    state_path = os.path.join(args.run_dir, "state.pt")
+    if args.resume:
+        if os.path.exists(state_path):
+            st = torch.load(state_path)
+            model.load_state_dict(st["model"])
+            opt.load_state_dict(st["opt"])
+            step, tokens_seen, best = st["step"], st["tokens_seen"], st["best"]
+            elapsed0 = st.get("elapsed", 0.0)
+            rng.setstate(st["rng"])
+            torch.set_rng_state(st["torch_rng"])
+        else:
+            model.load_state_dict(load_safetensors_f32(os.path.join(args.out,
+                                                                    "model.safetensors")))
+        emit({"event": "resume", "step": step, "tokens_seen": tokens_seen, "best": best})
+    n_params = sum(p_.numel() for p_ in model.parameters())
+    emit({"event": "start", "params": n_params, "config": cfg, "args": vars(args)})
+
+    d = task.Difficulty()
+    short_eval = eval_batches(tok, args.seed, 64, 1, 4, args, 32)
+    long_eval = eval_batches(tok, args.seed, 48, d.min_steps, d.max_steps, args, 8)
+    deadline = None
+    if args.deadline:
+        hh, mm = map(int, args.deadline.split(":"))
+        now = dt.datetime.now(dt.timezone.utc)
+        deadline = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+        if deadline < now:
+            deadline += dt.timedelta(days=1)
+
+    def lr_at(tokens: float) -> float:
+        if step < args.warmup_steps:
+            return args.lr * (step + 1) / args.warmup_steps
+        frac = min(1.0, tokens / args.total_tokens)
+        return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 *
+                          (1 + math.cos(math.pi * frac)))
+
+    def checkpoint(final: bool) -> None:
+        nonlocal best
+        ev = evaluate(model, long_eval)
+        evs = evaluate(model, short_eval)
+        elapsed = elapsed0 + time.time() - t0
+        info = {"step": step, "tokens_seen": int(tokens_seen), "train_seconds": round(elapsed),
+                "seed": args.seed, "eval_long_exact": ev["exact"]}
+        saved = ev["exact"] >= best
+        if saved:
+            best = ev["exact"]
+            write_checkpoint(args.out, model, tok, info)
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "tokens_seen": tokens_seen, "best": best, "elapsed": elapsed,
+                    "rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
+                   state_path + ".tmp")
+        os.replace(state_path + ".tmp", state_path)
+        emit({"event": "checkpoint", "final": final, "saved_to_out": saved, **info,
+              "long": ev, "short": evs})
+
+    t0 = time.time()
+    last_save = time.time()
+    run_loss, run_tok, t_log = 0.0, 0, time.time()
+    while tokens_seen < args.total_tokens:
+        ids, tgt, roles = make_batch(rng, tokens_seen, args, tok)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(tokens_seen)
+        logits = model(ids)
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.view(-1),
+                               ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        ntok = ids.numel()
+        tokens_seen += ntok
+        run_loss += float(loss) * ntok
+        run_tok += ntok
+        if step % args.eval_every == 0:
+            ev = evaluate(model, long_eval[:2])
+            now = time.time()
+            emit({"event": "train", "step": step, "tokens_seen": int(tokens_seen),
+                  "minutes": round((elapsed0 + now - t0) / 60, 2),
+                  "loss": round(run_loss / run_tok, 5), "lr": round(lr_at(tokens_seen), 6),
+                  "tok_per_s": round(run_tok / (now - t_log)), "long_quick": ev})
+            run_loss, run_tok, t_log = 0.0, 0, now
+        if time.time() - last_save > args.save_every_min * 60:
+            checkpoint(final=False)
+            last_save = time.time()
+        if args.stop_step and step >= args.stop_step:
+            break
+        if deadline and dt.datetime.now(dt.timezone.utc) >= deadline:
+            emit({"event": "deadline"})
+            break
+    checkpoint(final=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
