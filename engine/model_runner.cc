@@ -1,5 +1,6 @@
 #include "engine/model_runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <vector>
@@ -198,14 +199,23 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
         const int32_t n = lengths[idx];
         std::vector<float> p(n);
         const float* qh = q.data() + b * hq + hh * d;
-        for (int32_t j = 0; j < n; ++j)
-          p[j] = Dot(qh, store.key({table[j / bs], j % bs}), d) * scale;
+        // Block by block; slot j of the head is offset j % bs of block table[j / bs].
+        for (int32_t j0 = 0, bi = 0; j0 < n; j0 += bs, ++bi) {
+          const float* kb = store.key({table[bi], 0});
+          const int32_t m = std::min(bs, n - j0);
+          for (int32_t o = 0; o < m; ++o) p[j0 + o] = Dot(qh, kb + o * d, d) * scale;
+        }
         SoftmaxInPlace(p.data(), n);
         float* out = attn.data() + b * hq + hh * d;
         std::fill_n(out, d, 0.0f);
-        for (int32_t j = 0; j < n; ++j) {
-          const float* vj = store.value({table[j / bs], j % bs});
-          for (int64_t e = 0; e < d; ++e) out[e] += p[j] * vj[e];
+        for (int32_t j0 = 0, bi = 0; j0 < n; j0 += bs, ++bi) {
+          const float* vb = store.value({table[bi], 0});
+          const int32_t m = std::min(bs, n - j0);
+          for (int32_t o = 0; o < m; ++o) {
+            const float pj = p[j0 + o];
+            const float* vj = vb + o * d;
+            for (int64_t e = 0; e < d; ++e) out[e] += pj * vj[e];
+          }
         }
       }
     }

@@ -217,16 +217,16 @@ def encode_batch(tok: CharTokenizer, exs: list[task.Example]):
     return torch.tensor(rows), torch.tensor(tgts), torch.tensor(roles)
 
 
-def sample_steps(rng: random.Random, tokens_seen: float, args) -> int:
-    if tokens_seen < args.short_tokens:
+def sample_steps(rng: random.Random, long_on: bool, args) -> int:
+    if not long_on:
         return rng.randint(1, 4)
     if rng.random() < args.short_frac:
         return rng.randint(1, 6)
     return rng.randint(5, args.max_steps)
 
 
-def make_batch(rng: random.Random, tokens_seen: float, args, tok):
-    n = sample_steps(rng, tokens_seen, args)
+def make_batch(rng: random.Random, long_on: bool, args, tok):
+    n = sample_steps(rng, long_on, args)
     diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width,
                            operand_digits=args.operand_digits)
     exs = [task.generate(rng, diff)]
@@ -315,8 +315,11 @@ def main() -> int:
     p.add_argument("--width", type=int, default=task.Difficulty().width)
     p.add_argument("--operand-digits", type=int, default=task.Difficulty().operand_digits)
     p.add_argument("--max-steps", type=int, default=23, help="longest training problem")
-    p.add_argument("--short-tokens", type=float, default=3e6,
-                   help="curriculum: tokens of 1-4 step problems before mixing in long ones")
+    p.add_argument("--gate", type=float, default=0.95,
+                   help="curriculum: train on 1-4 step problems until the plan copies (P) and "
+                        "retrievals (R) of held-out short problems reach this accuracy ...")
+    p.add_argument("--short-tokens-max", type=float, default=10e6,
+                   help="... or this many tokens have been seen; then mix in long problems")
     p.add_argument("--short-frac", type=float, default=0.25)
     p.add_argument("--batch-tokens", type=int, default=8192)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -364,7 +367,7 @@ def main() -> int:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98), eps=1e-9)
-    step, tokens_seen, best, elapsed0 = 0, 0.0, -1.0, 0.0
+    step, tokens_seen, best, elapsed0, long_on = 0, 0.0, -1.0, 0.0, False
     state_path = os.path.join(args.run_dir, "state.pt")
     if args.resume:
         if os.path.exists(state_path):
@@ -372,6 +375,7 @@ def main() -> int:
             model.load_state_dict(st["model"])
             opt.load_state_dict(st["opt"])
             step, tokens_seen, best = st["step"], st["tokens_seen"], st["best"]
+            long_on = st.get("long_on", True)
             elapsed0 = st.get("elapsed", 0.0)
             rng.setstate(st["rng"])
             torch.set_rng_state(st["torch_rng"])
@@ -413,6 +417,7 @@ def main() -> int:
             write_checkpoint(args.out, model, tok, info)
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                     "tokens_seen": tokens_seen, "best": best, "elapsed": elapsed,
+                    "long_on": long_on,
                     "rng": rng.getstate(), "torch_rng": torch.get_rng_state()},
                    state_path + ".tmp")
         os.replace(state_path + ".tmp", state_path)
@@ -423,7 +428,7 @@ def main() -> int:
     last_save = time.time()
     run_loss, run_tok, t_log = 0.0, 0, time.time()
     while tokens_seen < args.total_tokens:
-        ids, tgt, roles = make_batch(rng, tokens_seen, args, tok)
+        ids, tgt, roles = make_batch(rng, long_on, args, tok)
         for g in opt.param_groups:
             g["lr"] = lr_at(tokens_seen)
         logits = model(ids)
@@ -440,12 +445,19 @@ def main() -> int:
         run_tok += ntok
         if step % args.eval_every == 0:
             ev = evaluate(model, long_eval[:2])
+            evs = evaluate(model, short_eval[:1])
             now = time.time()
             emit({"event": "train", "step": step, "tokens_seen": int(tokens_seen),
                   "minutes": round((elapsed0 + now - t0) / 60, 2),
                   "loss": round(run_loss / run_tok, 5), "lr": round(lr_at(tokens_seen), 6),
-                  "tok_per_s": round(run_tok / (now - t_log)), "long_quick": ev})
+                  "tok_per_s": round(run_tok / (now - t_log)), "long_on": long_on,
+                  "long_quick": ev, "short_quick": evs})
             run_loss, run_tok, t_log = 0.0, 0, now
+            if not long_on and ((evs["acc_P"] >= args.gate and evs["acc_R"] >= args.gate)
+                                or tokens_seen >= args.short_tokens_max):
+                long_on = True
+                emit({"event": "curriculum", "long_on": True, "step": step,
+                      "tokens_seen": int(tokens_seen)})
         if time.time() - last_save > args.save_every_min * 60:
             checkpoint(final=False)
             last_save = time.time()

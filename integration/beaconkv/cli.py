@@ -54,17 +54,23 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate
+    from .evaluate import evaluate, evaluate_teacher_forced
 
-    result = evaluate(args.model, args.split, args.policy, args.budget, num=args.num,
-                      max_batch=args.max_batch, block_size=args.block_size,
-                      num_blocks=args.kv_blocks, preemption=args.preemption,
-                      progress=sys.stderr, policy_knobs=_policy_knobs(args))
-    r = result.as_dict()
-    print(f"policy={r['policy']} budget={r['budget']} problems={r['num_problems']} "
-          f"accuracy={r['accuracy']:.3f} mean_generated={r['mean_generated_tokens']:.0f} "
-          f"peak_kv/seq={r['peak_kv_tokens_per_seq']:.0f} "
-          f"compression={r['compression_ratio']:.2f}x tokens/s={r['tokens_per_second']:.0f}")
+    kw = dict(num=args.num, max_batch=args.max_batch, block_size=args.block_size,
+              num_blocks=args.kv_blocks, preemption=args.preemption, progress=sys.stderr,
+              policy_knobs=_policy_knobs(args))
+    if args.teacher_forced:
+        r = evaluate_teacher_forced(args.model, args.split, args.policy, args.budget, **kw)
+    else:
+        r = evaluate(args.model, args.split, args.policy, args.budget, **kw).as_dict()
+    line = (f"policy={r['policy']} budget={r['budget']} problems={r['num_problems']} "
+            f"accuracy={r['accuracy']:.3f} mean_generated={r['mean_generated_tokens']:.0f} "
+            f"peak_kv/seq={r['peak_kv_tokens_per_seq']:.0f} "
+            f"compression={r['compression_ratio']:.2f}x tokens/s={r['tokens_per_second']:.0f}")
+    if args.teacher_forced:
+        line += (f" token_agreement={r['token_agreement']:.4f} "
+                 f"retrieval_accuracy={r['retrieval_accuracy']:.4f} mean_kl={r['mean_kl']:.5f}")
+    print(line)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(r, f, indent=1)
@@ -110,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--kv-blocks", type=int, default=0, help="device pool size (0 = ample)")
     e.add_argument("--preemption", choices=["recompute", "swap"], default="recompute")
     e.add_argument("--json", help="write the result as JSON here")
+    e.add_argument("--teacher-forced", action="store_true",
+                   help="feed the reference outputs; compare with the full cache")
     e.set_defaults(func=_cmd_eval)
 
     d = sub.add_parser("demo", help="the main job: full cache vs BeaconKV vs a baseline")

@@ -30,7 +30,8 @@ struct HeadCase {
     positions.push_back(position);
     keys.insert(keys.end(), k.begin(), k.end());
   }
-  // One step: the same vector for every query head unless `per_head` gives all of them.
+  // One step: vectors of head_dim values are used for every query head; vectors of
+  // group_size * head_dim values give each query head its own.
   void AddStep(int32_t position, const std::vector<float>& pre_q,
                const std::vector<float>& post_q) {
     query_positions.push_back(position);

@@ -1,0 +1,192 @@
+// The engine on a small random Llama model built in memory: scheduling, preemption,
+// eviction and sampling invariants (numerics against NumPy are in tests/python).
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+namespace beaconkv {
+namespace {
+
+ModelWeights RandomModel(uint32_t seed) {
+  ModelWeights w;
+  ModelConfig& c = w.config;
+  c.vocab_size = 23;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.rope_theta = 10000.0f;
+  c.rms_norm_eps = 1e-5f;
+  c.max_position_embeddings = 512;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 0.5f);
+  auto fill = [&](std::vector<float>& v, size_t size) {
+    v.resize(size);
+    for (float& x : v) x = n(rng);
+  };
+  auto ones = [](std::vector<float>& v, size_t size) { v.assign(size, 1.0f); };
+  fill(w.embed, c.vocab_size * c.hidden_size);
+  w.layers.resize(c.num_layers);
+  for (LayerWeights& l : w.layers) {
+    ones(l.input_norm, c.hidden_size);
+    ones(l.post_norm, c.hidden_size);
+    fill(l.q_proj, c.num_heads * c.head_dim * c.hidden_size);
+    fill(l.k_proj, c.num_kv_heads * c.head_dim * c.hidden_size);
+    fill(l.v_proj, c.num_kv_heads * c.head_dim * c.hidden_size);
+    fill(l.o_proj, c.hidden_size * c.num_heads * c.head_dim);
+    fill(l.gate_proj, c.intermediate_size * c.hidden_size);
+    fill(l.up_proj, c.intermediate_size * c.hidden_size);
+    fill(l.down_proj, c.hidden_size * c.intermediate_size);
+  }
+  ones(w.final_norm, c.hidden_size);
+  fill(w.lm_head, c.vocab_size * c.hidden_size);
+  return w;
+}
+
+std::vector<std::vector<int32_t>> Prompts() {
+  return {{1, 5, 7, 9, 2, 4}, {3, 3, 8}, {11, 12, 13, 14, 15, 16, 17, 18, 19}, {6}, {20, 21}};
+}
+
+// Runs every prompt with greedy decoding; returns outputs by request id.
+std::map<int64_t, RequestOutput> RunAll(EngineConfig config, int32_t max_new = 40,
+                                        EngineStats* stats = nullptr,
+                                        std::vector<std::vector<int32_t>> prompts = Prompts(),
+                                        float temperature = 0.0f) {
+  config.verify_integrity = true;
+  auto engine = Engine::Create(RandomModel(7), config);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.id = static_cast<int64_t>(i);
+    r.prompt = prompts[i];
+    r.sampling.max_new_tokens = max_new;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = 99;
+    EXPECT_TRUE((*engine)->AddRequest(r).ok());
+  }
+  absl::StatusOr<std::vector<RequestOutput>> outs = (*engine)->RunToCompletion();
+  EXPECT_TRUE(outs.ok()) << outs.status();
+  EXPECT_EQ((*engine)->block_manager().NumFreeBlocks(),
+            (*engine)->block_manager().NumUsableBlocks())
+      << "blocks leaked";
+  if (stats != nullptr) *stats = (*engine)->stats();
+  std::map<int64_t, RequestOutput> by_id;
+  for (RequestOutput& o : *outs) by_id[o.id] = std::move(o);
+  return by_id;
+}
+
+std::vector<std::vector<int32_t>> Tokens(const std::map<int64_t, RequestOutput>& outs) {
+  std::vector<std::vector<int32_t>> v;
+  for (const auto& [id, o] : outs) v.push_back(o.output);
+  return v;
+}
+
+BeaconConfig SmallBeacon() {
+  BeaconConfig b;
+  b.budget = 12;
+  b.interval = 4;
+  b.n_recent = 2;
+  b.n_beacons = 2;
+  b.buffer_max = 8;
+  b.buffer_min = 4;
+  b.protect_prompt = false;
+  return b;
+}
+
+TEST(EngineTest, GreedyOutputsDoNotDependOnBatchOrBlockSize) {
+  EngineConfig c;
+  c.block_size = 16;
+  const auto batched = Tokens(RunAll(c));
+  for (int32_t bs : {1, 3, 8}) {
+    c.block_size = bs;
+    c.max_batch = 1;  // one at a time
+    EXPECT_EQ(Tokens(RunAll(c)), batched) << "block_size " << bs;
+  }
+}
+
+class PreemptionTest : public ::testing::TestWithParam<bool /*beacon*/> {};
+
+TEST_P(PreemptionTest, SwapIsExact) {
+  EngineConfig c;
+  c.block_size = 4;
+  if (GetParam()) c.policy = SmallBeacon();
+  EngineStats free_stats;
+  const auto free = RunAll(c, 40, &free_stats);
+  c.num_blocks = 1 + free_stats.peak_used_blocks / 2;
+  c.preemption = PreemptionMode::kSwap;
+  EngineStats stats;
+  const auto squeezed = RunAll(c, 40, &stats);
+  EXPECT_GT(stats.preemptions_swap, 0);
+  EXPECT_EQ(Tokens(squeezed), Tokens(free));
+}
+
+INSTANTIATE_TEST_SUITE_P(FullAndBeacon, PreemptionTest, ::testing::Bool());
+
+TEST(EngineTest, RecomputeIsExactForTheFullCache) {
+  EngineConfig c;
+  c.block_size = 4;
+  EngineStats free_stats;
+  const auto free = RunAll(c, 40, &free_stats);
+  c.num_blocks = 1 + free_stats.peak_used_blocks / 2;
+  c.preemption = PreemptionMode::kRecompute;
+  EngineStats stats;
+  const auto squeezed = RunAll(c, 40, &stats);
+  EXPECT_GT(stats.preemptions_recompute, 0);
+  EXPECT_EQ(Tokens(squeezed), Tokens(free));
+}
+
+TEST(EngineTest, EvictionBoundsTheCacheAndFreesBlocks) {
+  EngineConfig c;
+  c.block_size = 4;
+  c.policy = SmallBeacon();
+  EngineStats stats;
+  const auto outs = RunAll(c, 60, &stats);
+  EXPECT_GT(stats.compressions, 0);
+  EXPECT_GT(stats.blocks_freed_by_eviction, 0);
+  for (const auto& [id, o] : outs) {
+    EXPECT_EQ(o.output.size(), 60u);
+    EXPECT_LE(o.peak_retained_tokens, 12 + 4);  // budget + interval
+    EXPECT_GT(o.tokens_evicted, 0);
+  }
+}
+
+TEST(EngineTest, ASequenceThatCannotFitAloneEndsOutOfMemory) {
+  EngineConfig c;
+  c.block_size = 4;
+  c.num_blocks = 1 + 2 * 2 * 4;  // 4 blocks per head: 16 tokens
+  const auto outs = RunAll(c, 40, nullptr, {{1, 2, 3}});
+  EXPECT_EQ(outs.at(0).finish_reason, "out_of_memory");
+  EXPECT_EQ(outs.at(0).output.size(), 16u - 3u + 1u);
+}
+
+TEST(EngineTest, SamplingIsSeededPerRequest) {
+  EngineConfig c;
+  const auto together = RunAll(c, 30, nullptr, Prompts(), 1.0f);
+  const auto alone = RunAll(c, 30, nullptr, {Prompts()[2]}, 1.0f);
+  EXPECT_EQ(alone.at(0).output, together.at(2).output);
+  EXPECT_NE(together.at(2).output, RunAll(c, 30, nullptr, {Prompts()[2]}).at(0).output);
+}
+
+TEST(EngineTest, BadRequestsAreRejected) {
+  auto engine = *Engine::Create(RandomModel(1), EngineConfig{});
+  Request r;
+  r.id = 1;
+  EXPECT_EQ(engine->AddRequest(r).code(), absl::StatusCode::kInvalidArgument);
+  r.prompt = {1, 99};
+  EXPECT_EQ(engine->AddRequest(r).code(), absl::StatusCode::kInvalidArgument);
+  r.prompt = {1, 2};
+  r.sampling.top_p = 1.5f;
+  EXPECT_EQ(engine->AddRequest(r).code(), absl::StatusCode::kInvalidArgument);
+  EngineConfig bad;
+  bad.max_batch = 0;
+  EXPECT_EQ(Engine::Create(RandomModel(1), bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace beaconkv

@@ -1,0 +1,72 @@
+"""The beaconkv command line: eval's JSON contract, teacher forcing, errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny-reasoner")
+EVAL_KEYS = {"policy", "budget", "num_problems", "accuracy", "mean_generated_tokens",
+             "peak_kv_tokens_per_seq", "compression_ratio", "tokens_per_second"}
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "beaconkv.cli", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_eval_writes_the_json_contract(tmp_path):
+    out = tmp_path / "r.json"
+    r = cli("eval", "--model", MODEL, "--split", "dev", "--num", "2", "--policy", "beacon",
+            "--budget", "64", "--knob", "interval=16", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert EVAL_KEYS <= data.keys()
+    assert data["policy"] == "beacon" and data["budget"] == 64 and data["num_problems"] == 2
+    assert 0.0 <= data["accuracy"] <= 1.0
+    # Budget 64 + interval 16: after prefill a head never holds more than 80 tokens; the
+    # prefilled prompt (+ the first token) is held until the first compression.
+    with open(os.path.join(MODEL, "data", "dev.jsonl")) as f:
+        prompt_lens = [len(json.loads(line)["prompt"]) + 1 for line in f.readlines()[:2]]
+    assert data["peak_kv_tokens_per_seq"] <= max(80, max(prompt_lens) + 1)
+    assert data["compression_ratio"] > 1.0
+
+
+def test_teacher_forced_full_agrees_with_itself_and_split_may_be_a_file(tmp_path):
+    src = os.path.join(MODEL, "data", "dev.jsonl")
+    split = tmp_path / "two.jsonl"
+    split.write_text("".join(open(src).readlines()[:2]))
+    out = tmp_path / "tf.json"
+    r = cli("eval", "--model", MODEL, "--split", str(split), "--policy", "full",
+            "--teacher-forced", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert EVAL_KEYS <= data.keys()
+    assert data["token_agreement"] == 1.0
+    assert data["mean_kl"] == pytest.approx(0.0, abs=1e-9)
+    assert data["retrieval_accuracy"] == data["full_retrieval_accuracy"]
+
+
+def test_teacher_forced_eviction_is_measured(tmp_path):
+    out = tmp_path / "tf.json"
+    r = cli("eval", "--model", MODEL, "--num", "2", "--policy", "streaming", "--budget", "32",
+            "--teacher-forced", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["compression_ratio"] > 5
+    assert data["token_agreement"] < 1.0 and data["mean_kl"] > 0.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval", "--split", "nope"], "no such file"),
+    (["eval", "--policy", "lru"], "lru"),
+    (["eval", "--policy", "beacon", "--budget", "8"], "budget"),
+    (["generate", "--prompt", "\u00e9"], "\u00e9"),
+])
+def test_errors_are_one_line_without_traceback(args, message):
+    r = cli(*args[:1], "--model", MODEL, *args[1:])
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert message in r.stderr
