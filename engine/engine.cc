@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "core/check.h"
@@ -148,10 +149,8 @@ void Engine::Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t positi
   if (s.policy->NeedsKeysOnObserve()) hk = GatherKeys(s.out.id, layer, kv_head, &keys, &positions);
   absl::Status st = s.policy->Observe(layer, kv_head, StepQueries{position, pre, post},
                                       s.policy->NeedsKeysOnObserve() ? &hk : nullptr);
-  if (!st.ok()) {
-    // Policies only fail on inconsistent arguments: a bug here, reported with context.
-    BKV_CHECK_MSG(false, std::string(st.message()).c_str());
-  }
+  // The runner's callback cannot return a status: keep the first error for the step.
+  if (!st.ok() && observe_status_.ok()) observe_status_ = st;
 }
 
 HeadKeys Engine::GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vector<float>* keys,
@@ -191,6 +190,7 @@ absl::Status Engine::Admit(SeqState& s) {
   absl::Status st = runner_.Prefill(id, tokens, *bm_, *store_, &sink, logits.data());
   stats_.time_prefill += Now() - start - (stats_.time_scoring - scoring_before);
   if (!st.ok()) return st;
+  if (!observe_status_.ok()) return std::exchange(observe_status_, absl::OkStatus());
   stats_.prefill_tokens += static_cast<int64_t>(tokens.size());
   running_.push_back(id);
   if (!resumed) {
@@ -344,6 +344,7 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
                                    logits.data(), &stats_.time_attention);
   stats_.time_decode_forward += Now() - start - (stats_.time_scoring - scoring_before);
   if (!st.ok()) return st;
+  if (!observe_status_.ok()) return std::exchange(observe_status_, absl::OkStatus());
   running_sum_ += static_cast<double>(rows);
   ++decode_steps_;
   UpdateMemoryStats();  // the peak is now, before the policy compresses

@@ -81,6 +81,7 @@ class Engine {
   std::vector<int64_t> running_;  // admission order: the back is preempted first
   std::deque<int64_t> swapped_;
   EngineStats stats_;
+  absl::Status observe_status_;  // first policy Observe error of the current step
   double running_sum_ = 0;
   int64_t decode_steps_ = 0;
 };
