@@ -262,7 +262,13 @@ absl::Status Engine::Step(std::vector<RequestOutput>* finished) {
     ScopedTimer t(&stats_.time_bookkeeping);
     while (!swapped_.empty() && static_cast<int32_t>(running_.size()) < max_batch) {
       const int64_t id = swapped_.front();
-      if (*bm_->NumBlocksOf(id) + config_.watermark_blocks > bm_->NumFreeBlocks()) break;
+      // Room for its blocks and its next token (at most one block per head), so the
+      // swap-in is not undone by the make-room loop below.
+      // Alone, it only needs its own blocks (it fitted before).
+      const int32_t need =
+          *bm_->NumBlocksOf(id) +
+          (running_.empty() ? 0 : bm_->shape().num_heads_total() + config_.watermark_blocks);
+      if (need > bm_->NumFreeBlocks()) break;
       if (absl::Status st = bm_->SwapIn(id); !st.ok()) return st;
       swapped_.pop_front();
       running_.push_back(id);
@@ -274,8 +280,14 @@ absl::Status Engine::Step(std::vector<RequestOutput>* finished) {
     SeqState& s = *seqs_.at(id);
     const int64_t len = static_cast<int64_t>(s.request.prompt.size() +
                                              (s.out.output.empty() ? 0 : s.out.output.size() - 1));
-    if (PromptBlocks(len) + config_.watermark_blocks > bm_->NumFreeBlocks()) {
-      if (running_.empty() && PromptBlocks(len) > bm_->NumUsableBlocks()) {
+    // The first decode step appends at once: reserve its blocks too (a head whose last
+    // prompt block is full needs a new one), so the admission is not preempted right away.
+    // Alone (nothing running or swapped), it only needs its prompt's blocks.
+    const int32_t first_append = len % bm_->shape().block_size == 0 ? PromptBlocks(1) : 0;
+    const bool alone = running_.empty();
+    const int32_t need = PromptBlocks(len) + (alone ? 0 : first_append + config_.watermark_blocks);
+    if (need > bm_->NumFreeBlocks()) {
+      if (alone) {
         // A preempted sequence grew past what the whole pool holds: it can never resume.
         waiting_.pop_front();
         s.out.finish_reason = "out_of_memory";

@@ -164,6 +164,18 @@ TEST(EngineTest, ASequenceThatCannotFitAloneEndsOutOfMemory) {
   EXPECT_EQ(outs.at(0).output.size(), 16u - 3u + 1u);
 }
 
+TEST(EngineTest, APromptThatFillsThePoolRunsAloneInsteadOfWaitingForever) {
+  EngineConfig c;
+  c.block_size = 4;
+  c.num_blocks = 1 + 2 * 2 * 1;  // exactly one block per head: a 4-token prompt
+  c.watermark_blocks = 0;
+  const auto outs = RunAll(c, 10, nullptr, {{1, 2, 3, 4}, {5, 6, 7}});
+  EXPECT_EQ(outs.at(0).finish_reason, "out_of_memory");
+  EXPECT_EQ(outs.at(0).output.size(), 1u);  // the token sampled from the prefill
+  EXPECT_EQ(outs.at(1).finish_reason, "out_of_memory");
+  EXPECT_EQ(outs.at(1).output.size(), 2u);  // 3 prompt tokens + 1 appended fill the block
+}
+
 TEST(EngineTest, SamplingIsSeededPerRequest) {
   EngineConfig c;
   const auto together = RunAll(c, 30, nullptr, Prompts(), 1.0f);
