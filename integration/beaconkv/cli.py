@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--block-manager", action="store_true",
                    help="narrate the block manager's mechanics instead")
     d.set_defaults(func=_cmd_demo)
+
+    from .analyze_cli import add_analyze_parser
+
+    add_analyze_parser(sub)
     return parser
 
 

@@ -95,7 +95,7 @@ def test_greedy_is_batch_and_block_size_invariant(prompts, block_size):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_swap_preemption_is_exact_for_every_policy(prompts, policy):
     ids, _ = prompts
-    short = [p[:24] for p in ids]  # short prompts, long generation: growth forces preemption
+    short = [p[:8] for p in ids]  # short prompts, long generation: growth forces preemption
     cfg = small_policy(policy)
     free, eng, outs = generate(short, max_new=64, with_outputs=True, policy=cfg, block_size=8)
     tight = tight_pool(outs, json.loads(eng.stats_json()), eng.num_kv_heads_total)
@@ -108,7 +108,7 @@ def test_swap_preemption_is_exact_for_every_policy(prompts, policy):
 
 def test_recompute_preemption_is_exact_for_full(prompts):
     ids, _ = prompts
-    short = [p[:24] for p in ids]
+    short = [p[:8] for p in ids]
     free, eng, outs = generate(short, max_new=64, with_outputs=True, block_size=8)
     tight = tight_pool(outs, json.loads(eng.stats_json()), eng.num_kv_heads_total)
     squeezed, eng = generate(short, max_new=64, block_size=8, num_blocks=tight,

@@ -1,0 +1,162 @@
+"""``beaconkv analyze``: the revisit analysis of a split, and optionally the policy replay.
+
+    beaconkv analyze --model DIR --split dev --out OUT [--num N]
+    beaconkv analyze --model DIR --split dev --out OUT --replay --budget 64 \\
+        [--policies beacon snapkv ...] [--interval 16] [--knob n_beacons=8]
+
+Writes the PNGs of beaconkv.revisit (distance histograms, layer x head map of global queries,
+PCA of pre-RoPE queries), with --replay also replay_missed_mass.png (beaconkv.replay), and
+OUT/summary.json:
+
+* ``global_query_fraction``: share of output queries (all layers and heads) whose mean
+  distance to their top-K attended positions exceeds threshold_frac x sequence length;
+* ``revisit``: revisit.analyze's full summary;
+* with --replay, ``replay.policies[P]``: ``missed_mass`` (overall), ``missed_mass_global``,
+  ``missed_mass_local``, ``missed_mass_retrieval``, per layer, query counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import warnings
+
+DEFAULT_BUDGET = 64
+
+
+def default_policies() -> list[str]:
+    import beaconkv
+
+    names = list(beaconkv.policy_names())
+    return names[: names.index("beacon") + 1] + ["beacon-pooled"] + names[names.index("beacon") + 1:]
+
+
+def parse_knobs(items: list[str] | None) -> dict:
+    """['n_beacons=8', 'pooling=max'] -> {'n_beacons': 8, 'pooling': 'max'} (JSON values)."""
+    knobs = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--knob {item!r}: expected NAME=VALUE")
+        try:
+            knobs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            knobs[key] = value
+    return knobs
+
+
+def _without_nan(obj):
+    """NaN (e.g. a retrieval share over no retrieval query) -> None, so the file is strict
+    JSON."""
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, dict):
+        return {k: _without_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_without_nan(v) for v in obj]
+    return obj
+
+
+def _fmt(value, spec: str = ".4f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def truncated_split(split_path: str, num: int, max_target_tokens: int, directory: str) -> str:
+    """A .jsonl with the first `num` problems, targets cut to `max_target_tokens` (for quick
+    runs). The cut never falls inside the plan: revisit.analyze locates the plan's end ('?')."""
+    from . import task
+    from .replay import truncate_record
+
+    path = os.path.join(directory, "split.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for rec in task.read_split(split_path)[:num]:
+            n = max_target_tokens
+            if "?" in rec["target"]:
+                n = max(n, rec["target"].index("?") + 2)
+            f.write(json.dumps(truncate_record(rec, n)) + "\n")
+    return path
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from . import revisit
+    from .evaluate import resolve_split
+
+    split_path = resolve_split(args.model, args.split)
+    policies = args.policies or default_policies()
+    knobs = parse_knobs(args.knob)
+    if args.replay:
+        from .replay import make_config
+
+        for spec in policies:  # fail on a bad name or knob before the long part
+            make_config(spec, args.budget, args.interval, knobs).validate()
+    os.makedirs(args.out, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.max_target_tokens is not None:
+            split_path = truncated_split(split_path, args.num, args.max_target_tokens, tmp)
+        with warnings.catch_warnings():
+            if args.max_target_tokens is not None:  # cut outputs may hold no retrieval token
+                warnings.simplefilter("ignore", RuntimeWarning)
+            res = revisit.analyze(args.model, split_path, args.num, k_max=args.k,
+                                  threshold_frac=args.threshold_frac,
+                                  check_greedy=not args.no_greedy_check)
+            paths = revisit.plot(res, args.out, prefix="revisit")
+        s = res["summary"]
+        summary = {
+            "model": args.model, "split": args.split, "problems": s["problems"],
+            "global_query_fraction": s["global_frac_topk"],
+            "global_query_fraction_weighted": s["global_frac_weighted"],
+            "revisit": s,
+        }
+        if args.replay:
+            from .replay import plot_replay, replay_split
+
+            rep = replay_split(args.model, split_path, policies, budget=args.budget,
+                               num=args.num, interval=args.interval, knobs=knobs, k_max=args.k,
+                               threshold_frac=args.threshold_frac)
+            summary["replay"] = rep
+            paths.append(plot_replay(rep, args.out))
+    out_json = os.path.join(args.out, "summary.json")
+    with open(out_json, "w", encoding="utf-8") as f:
+        json.dump(_without_nan(summary), f, indent=1, allow_nan=False)
+        f.write("\n")
+    print(f"problems={summary['problems']} "
+          f"global_query_fraction={summary['global_query_fraction']:.4f}")
+    for name, r in summary.get("replay", {}).get("policies", {}).items():
+        print(f"  {name:14s} missed_mass={_fmt(r['missed_mass'])} "
+              f"global={_fmt(r['missed_mass_global'])} local={_fmt(r['missed_mass_local'])} "
+              f"retained={_fmt(r['mean_retained_tokens'], '.0f')}"
+              f"/{_fmt(r['mean_full_tokens'], '.0f')} tokens")
+    print("wrote", ", ".join(paths + [out_json]), file=sys.stderr)
+    return 0
+
+
+def add_analyze_parser(subparsers) -> argparse.ArgumentParser:
+    from .cli import default_model_dir
+
+    a = subparsers.add_parser("analyze", help="revisit analysis (+ policy replay) of a split")
+    a.add_argument("--model", default=default_model_dir(), help="HF-style model directory")
+    a.add_argument("--split", default="dev", help="dev, test, or a .jsonl file")
+    a.add_argument("--out", required=True, help="output directory (PNGs + summary.json)")
+    a.add_argument("--num", type=int, default=8, help="first N problems")
+    a.add_argument("--k", type=int, default=150, help="top-K for the mean distance")
+    a.add_argument("--threshold-frac", type=float, default=0.15,
+                   help="global query: distance above this fraction of the sequence length")
+    a.add_argument("--no-greedy-check", action="store_true",
+                   help="skip checking that greedy decoding reproduces the reference output")
+    a.add_argument("--max-target-tokens", type=int, default=None,
+                   help="cut each reference output to this many tokens (quick runs)")
+    a.add_argument("--replay", action="store_true",
+                   help="replay each policy's evictions; report the missed revisit mass")
+    a.add_argument("--policies", nargs="+", default=None,
+                   help="policy names, '<name>-pooled' for pooled budgets (default: all)")
+    a.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="KV tokens kept per head")
+    a.add_argument("--interval", type=int, default=None,
+                   help="compression interval for every policy that has one (default: each "
+                        "policy's own)")
+    a.add_argument("--knob", action="append", metavar="NAME=VALUE",
+                   help="policy knob override, applied where the policy has it (repeatable)")
+    a.set_defaults(func=cmd_analyze)
+    return a

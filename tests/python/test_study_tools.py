@@ -1,0 +1,317 @@
+"""The accuracy-study tooling: policy replay (missed revisit mass), `beaconkv analyze`,
+tools/run_study.py and tools/make_results.py. Runs on one problem cut to 60 output tokens."""
+
+import argparse
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+MODEL = os.path.join(ROOT, "models", "tiny-reasoner")
+CUT = 60  # output tokens kept per problem: enough for several compressions at budget 24
+
+pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(MODEL, "config.json")),
+                                reason="tiny-reasoner checkpoint not present")
+
+
+def load_tool(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def short_problem():
+    from beaconkv import task
+    from beaconkv.replay import truncate_record
+
+    rec = task.read_split(os.path.join(MODEL, "data", "dev.jsonl"))[0]
+    return truncate_record(rec, CUT)
+
+
+@pytest.fixture(scope="module")
+def trace(short_problem):
+    from beaconkv.reference import Model
+    from beaconkv.replay import record_trace
+
+    return record_trace(Model(MODEL), short_problem)
+
+
+@pytest.fixture
+def short_split(tmp_path, short_problem):
+    path = tmp_path / "short.jsonl"
+    path.write_text(json.dumps(short_problem) + "\n")
+    return str(path)
+
+
+def test_truncate_record_cuts_roles_and_retrieval_to_match():
+    from beaconkv.replay import truncate_record
+
+    rec = {"target": "abcdef", "roles": "LPPRRZ", "retrieval": [3, 4], "prompt": "p"}
+    cut = truncate_record(rec, 4)
+    assert cut["target"] == "abcd" and cut["roles"] == "LPPR" and cut["retrieval"] == [3]
+    assert truncate_record(rec, None) is rec and truncate_record(rec, 10) is rec
+
+
+def test_recorded_keys_reproduce_the_recorded_attention(trace):
+    from beaconkv.reference import rope, softmax
+
+    n_layers, n_heads, t_len, hd = trace.queries.shape
+    assert trace.keys.shape[0] == n_layers and trace.keys.shape[2:] == (t_len, hd)
+    assert n_heads % trace.keys.shape[1] == 0
+    assert len(trace.ids) == t_len and t_len - trace.prompt_len == CUT
+    q = rope(trace.queries, np.arange(t_len), trace.rope_theta)
+    k = np.repeat(trace.keys, n_heads // trace.keys.shape[1], axis=1)
+    logits = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)
+    logits = np.where(np.tril(np.ones((t_len, t_len), bool)), logits, -np.inf)
+    np.testing.assert_allclose(softmax(logits), trace.attention, atol=1e-5)
+
+
+def test_streaming_replay_keeps_sinks_and_newest(trace):
+    from beaconkv.replay import NEVER, eviction_steps, make_config
+
+    budget, sinks = 24, 4
+    evicted_at, first = eviction_steps(trace, make_config("streaming", budget, knobs={
+        "n_sinks": sinks}))
+    t_len = len(trace.ids)
+    expect = np.zeros(t_len, bool)
+    expect[:sinks] = True
+    expect[t_len - (budget - sinks):] = True
+    for layer in range(evicted_at.shape[0]):
+        for g in range(evicted_at.shape[1]):
+            np.testing.assert_array_equal(evicted_at[layer, g] == NEVER, expect)
+    # The prompt alone exceeds budget + interval: the first decode step compresses.
+    assert first == trace.prompt_len
+    assert (evicted_at[evicted_at != NEVER] >= first).all()
+
+
+@pytest.mark.parametrize("spec,budget,interval", [
+    ("streaming", 24, None), ("h2o", 24, None), ("tova", 24, None), ("snapkv", 24, 8),
+    ("rkv", 24, 8), ("beacon", 24, 8), ("beacon-pooled", 24, 8)])
+def test_replay_evicts_as_many_tokens_as_the_engine(trace, short_problem, spec, budget,
+                                                    interval):
+    import beaconkv
+    from beaconkv.replay import eviction_steps, make_config
+    from beaconkv.tokenizer import CharTokenizer
+
+    cfg = make_config(spec, budget, interval)
+    tok = CharTokenizer.load(MODEL)
+    engine = beaconkv.Engine(MODEL, policy=cfg)
+    forced = tok.encode(short_problem["target"]) + [tok.eos_id]
+    engine.add_request(0, [tok.bos_id] + tok.encode(short_problem["prompt"]),
+                       forced_output=forced, max_new_tokens=len(forced))
+    out = engine.run()[0]
+    evicted_at, _ = eviction_steps(trace, cfg)
+    # The engine does not compress after the step that finishes the sequence.
+    assert out["tokens_evicted"] == int((evicted_at < len(trace.ids) - 1).sum())
+
+
+def write_one_layer_model(dst):
+    """The shipped checkpoint cut to its first layer: there the replay sees the very queries
+    and keys the engine does, so both must keep the same tokens."""
+    from beaconkv.reference import read_safetensors
+
+    with open(os.path.join(MODEL, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["num_hidden_layers"] = 1
+    (dst / "config.json").write_text(json.dumps(cfg))
+    (dst / "tokenizer.json").write_bytes(open(os.path.join(MODEL, "tokenizer.json"), "rb").read())
+    weights = read_safetensors(os.path.join(MODEL, "model.safetensors"))
+    header, blobs, offset = {}, [], 0
+    for name, a in weights.items():
+        if name.startswith("model.layers.") and not name.startswith("model.layers.0."):
+            continue
+        data = np.ascontiguousarray(a, "<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    head = json.dumps(header).encode()
+    (dst / "model.safetensors").write_bytes(
+        len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+@pytest.mark.parametrize("spec,interval", [("h2o", None), ("snapkv", 8), ("beacon", 8),
+                                           ("beacon-pooled", 8)])
+def test_one_layer_replay_reproduces_the_engine_logits(tmp_path, short_problem, spec,
+                                                       interval):
+    import beaconkv
+    from beaconkv.reference import Model, rope, softmax
+    from beaconkv.replay import eviction_steps, make_config, record_trace
+    from beaconkv.tokenizer import CharTokenizer
+
+    write_one_layer_model(tmp_path)
+    model = Model(str(tmp_path))
+    cfg = make_config(spec, 24, interval)
+    tr = record_trace(model, short_problem)
+    evicted_at, first = eviction_steps(tr, cfg)
+    assert first < len(tr.ids) - 1
+    # Reference logits with each head's attention restricted to what the replay kept.
+    c, w = model.config, model.w
+    t_len, hd, group = len(tr.ids), c.head_dim, c.num_attention_heads // c.num_key_value_heads
+    pos = np.arange(t_len)
+    keep = (np.repeat(evicted_at[0], group, 0)[:, None, :] >= pos[None, :, None]) & (
+        pos[None, None, :] <= pos[None, :, None])  # [H, T, T]
+    x = w["model.embed_tokens.weight"][tr.ids]
+    h = model_norm(x, w["model.layers.0.input_layernorm.weight"], c.rms_norm_eps)
+    v = (h @ w["model.layers.0.self_attn.v_proj.weight"].T).reshape(t_len, -1, hd)
+    q = rope(tr.queries[0], pos, c.rope_theta)  # [H, T, hd]
+    k = np.repeat(tr.keys[0], group, 0)
+    probs = softmax(np.where(keep, q @ k.transpose(0, 2, 1) / np.sqrt(hd), -np.inf))
+    attn = (probs @ np.repeat(v.transpose(1, 0, 2), group, 0)).transpose(1, 0, 2)
+    x = x + attn.reshape(t_len, -1) @ w["model.layers.0.self_attn.o_proj.weight"].T
+    h = model_norm(x, w["model.layers.0.post_attention_layernorm.weight"], c.rms_norm_eps)
+    gate = h @ w["model.layers.0.mlp.gate_proj.weight"].T
+    x = x + (gate / (1 + np.exp(-gate)) * (h @ w["model.layers.0.mlp.up_proj.weight"].T)) @ \
+        w["model.layers.0.mlp.down_proj.weight"].T
+    logits = model_norm(x, w["model.norm.weight"], c.rms_norm_eps) @ w["lm_head.weight"].T
+    # The engine, teacher forced, same policy.
+    tok = CharTokenizer.load(str(tmp_path))
+    engine = beaconkv.Engine(str(tmp_path), policy=cfg)
+    forced = tok.encode(short_problem["target"]) + [tok.eos_id]
+    engine.add_request(0, tr.ids[:tr.prompt_len], forced_output=forced, return_logits=True,
+                       max_new_tokens=len(forced))
+    got = np.asarray(engine.run()[0]["logits"]).reshape(len(forced), -1)
+    np.testing.assert_allclose(got, logits[tr.prompt_len - 1:], atol=2e-4)
+
+
+def model_norm(x, weight, eps):
+    return weight * x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+
+
+def test_replay_masses_are_shares_and_full_misses_nothing(trace):
+    from beaconkv.replay import make_config, replay_traces
+
+    configs = {"full": make_config("full"), "streaming": make_config("streaming", 24),
+               "beacon": make_config("beacon", 24, interval=8)}
+    res = replay_traces([trace], configs)
+    assert not res["full"].missed.any()
+    full = res["full"].summary()
+    assert full["missed_mass"] == 0.0 and full["sequences_compressed"] == 0
+    assert full["queries"] == res["full"].missed.size  # no compression: every output query
+    assert full["compression_ratio"] == 1.0
+    # Streaming at budget 24, interval 1: every later query reads 24 kept tokens + its own.
+    stream = res["streaming"]
+    assert (stream.retained[:, :, stream.counted] == 25).all()
+    assert stream.summary()["mean_retained_tokens"] == 25.0
+    for name in ("streaming", "beacon"):
+        r = res[name]
+        assert r.missed.min() >= 0.0 and r.missed.max() <= 1.0 + 1e-6
+        s = r.summary()
+        assert s["sequences_compressed"] == 1
+        assert 0.0 < s["missed_mass"] <= 1.0
+        for key in ("missed_mass_global", "missed_mass_local"):
+            assert s[key] is None or 0.0 <= s[key] <= 1.0
+        assert 0 < s["queries"] <= r.missed.size
+        assert s["global_queries"] <= s["queries"]
+
+
+def test_pooled_spec_and_rpc_period():
+    from beaconkv.replay import make_config, parse_policy_spec, resolve_policy
+
+    assert parse_policy_spec("beacon-pooled") == ("beacon", {"budget_mode": "pooled"})
+    assert make_config("beacon-pooled", 64).budget_mode == "pooled"
+    assert resolve_policy("rpc", 64) == ("rpc", {"period": 256})
+    assert resolve_policy("rpc", 64, knobs={"period": 512})[1]["period"] == 512
+    # Knobs apply where the policy has them; full has none.
+    assert resolve_policy("full", 64, 8, {"n_beacons": 4}) == ("full", {})
+    assert resolve_policy("tova", 32, 8, {"n_beacons": 4}) == ("tova", {"budget": 32,
+                                                                        "interval": 8})
+    with pytest.raises(ValueError, match="budget_mode"):
+        make_config("tova-pooled", 32)
+
+
+def test_analyze_writes_summary_and_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    from beaconkv.analyze_cli import add_analyze_parser
+
+    parser = argparse.ArgumentParser()
+    add_analyze_parser(parser.add_subparsers())
+    out = tmp_path / "out"
+    # --max-target-tokens keeps at least the plan (revisit.analyze needs its end).
+    args = parser.parse_args(["analyze", "--model", MODEL, "--split", "dev", "--out", str(out),
+                              "--num", "1", "--max-target-tokens", str(CUT),
+                              "--no-greedy-check", "--replay",
+                              "--policies", "full", "streaming", "--budget", "24"])
+    assert args.func(args) == 0
+    summary = json.loads((out / "summary.json").read_text(),
+                         parse_constant=lambda c: pytest.fail(f"summary.json holds {c}"))
+    assert 0.0 <= summary["global_query_fraction"] <= 1.0
+    pols = summary["replay"]["policies"]
+    assert set(pols) == {"full", "streaming"}
+    assert pols["full"]["missed_mass"] == 0.0
+    for key in ("missed_mass", "missed_mass_global", "missed_mass_local"):
+        assert key in pols["streaming"]
+    assert 0.0 < pols["streaming"]["missed_mass"] <= 1.0
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert "replay_missed_mass.png" in pngs and len(pngs) >= 4
+
+
+def test_run_study_writes_one_json_per_run(tmp_path, short_split):
+    study = load_tool("run_study")
+    assert study.result_name("beacon", 128, "greedy") == "beacon_b128.json"
+    assert study.result_name("beacon", 128, "tf") == "beacon_b128_tf.json"
+    assert study.result_name("beacon-pooled", 128, "greedy") == "beacon-pooled_b128.json"
+    assert study.result_name("full", None, "tf") == "full_tf.json"
+    assert study.plan(["full", "tova"], [32, 64], ["greedy"]) == [
+        ("full", None, "greedy"), ("tova", 32, "greedy"), ("tova", 64, "greedy")]
+    out = tmp_path / "results"
+    rc = study.main(["--model", MODEL, "--split", short_split, "--num", "1", "--budgets", "24",
+                     "--policies", "full", "streaming", "--out", str(out)])
+    assert rc == 0
+    names = sorted(p.name for p in out.glob("*.json"))
+    assert names == ["full.json", "full_tf.json", "streaming_b24.json", "streaming_b24_tf.json"]
+    tf = json.loads((out / "streaming_b24_tf.json").read_text())
+    assert tf["variant"] == "streaming" and tf["study_budget"] == 24
+    assert tf["mode"] == "teacher_forced" and 0.0 <= tf["token_agreement"] <= 1.0
+    greedy = json.loads((out / "streaming_b24.json").read_text())
+    assert greedy["mode"] == "greedy" and greedy["compression_ratio"] > 1.0
+
+
+def synthetic_result(policy, budget, accuracy, compression, tf=False, variant=None):
+    r = {"policy": policy, "budget": budget, "num_problems": 10, "accuracy": accuracy,
+         "mean_generated_tokens": 1000.0, "peak_kv_tokens_per_seq": 1100.0 / compression,
+         "full_kv_tokens_per_seq": 1100.0, "compression_ratio": compression}
+    if variant:
+        r.update(variant=variant, study_budget=budget)
+    if tf:
+        r.update(teacher_forced=True, token_agreement=0.9, retrieval_accuracy=accuracy,
+                 full_retrieval_accuracy=0.8, mean_kl=0.05)
+    return r
+
+
+def test_make_results_table_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    mk = load_tool("make_results")
+    files = {
+        "full.json": synthetic_result("full", None, 0.8, 1.0),
+        "full_tf.json": synthetic_result("full", None, 0.8, 1.0, tf=True),
+        "beacon_b64.json": synthetic_result("beacon", 64, 0.6, 6.0),
+        "beacon_b64_tf.json": synthetic_result("beacon", 64, 0.4, 5.5, tf=True),
+        "beacon-pooled_b64.json": synthetic_result("beacon", 64, 0.7, 6.0,
+                                                   variant="beacon-pooled"),
+        "snapkv_b32.json": synthetic_result("snapkv", 32, 0.2, 9.0),
+        "notes.json": {"something": "else"},
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_text(json.dumps(data))
+    assert mk.main(["--results", str(tmp_path)]) == 0
+    md = (tmp_path / "accuracy.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ["full", "snapkv", "beacon",
+                                                           "beacon-pooled"]
+    beacon = rows[3]
+    assert "| 64 |" in beacon and "0.600" in beacon and "75.0%" in beacon  # 0.6 / 0.8
+    assert "6.00×" in beacon and "0.400" in beacon and "50.0%" in beacon  # TF: 0.4 / 0.8
+    assert rows[2].count("–") == 5  # snapkv has no teacher-forced run
+    png = (tmp_path / "accuracy_vs_compression.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    # A re-run rewrites only the generated block; text around it stays.
+    (tmp_path / "accuracy.md").write_text(md + "\n## What we tried\nnotes\n")
+    assert mk.main(["--results", str(tmp_path)]) == 0
+    again = (tmp_path / "accuracy.md").read_text()
+    assert again.count(mk.BEGIN) == 1 and again.endswith("## What we tried\nnotes\n")
