@@ -104,7 +104,7 @@ def run_demo(model_dir: str, num: int = 24, budget: int | None = None,
 
     from .evaluate import evaluate
 
-    budget = budget or 256
+    budget = budget or 224
     say = (lambda msg="": print(msg, file=out)) if out is not None else (lambda msg="": None)
     say(f"BeaconKV demo: {num} dev problems of the tiny reasoner ({model_dir}), greedy, "
         f"budget {budget} tokens per head, compression every {DEMO_INTERVAL} tokens")
