@@ -40,7 +40,7 @@ def main() -> int:
     build_dir = sys.argv[1] if len(sys.argv) > 1 else "build/rel"
     ours = time_ours(build_dir)
     theirs, version = time_vllm()
-    print(f"take + give back one block, median of 7:")
+    print("take + give back one block, median of 7:")
     print(f"  beaconkv BlockPool (C++):      {ours:8.1f} ns")
     print(f"  vLLM {version} BlockPool (Python): {theirs:8.1f} ns")
     print(f"  ratio vLLM / beaconkv:         {theirs / ours:8.1f}x")

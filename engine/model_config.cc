@@ -2,12 +2,11 @@
 
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "engine/json_file.h"
 #include "nlohmann/json.hpp"
 
 namespace beaconkv {
@@ -121,16 +120,9 @@ bool IsSupportedArchitecture(const std::string& architecture) {
 absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
                                                   const std::string& file_name_for_errors) {
   const std::string& file = file_name_for_errors;
-  json obj;
-  try {
-    obj = json::parse(text);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: not valid JSON: %s", file, e.what()));
-  }
-  if (!obj.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: top level must be a JSON object, got %s", file, obj.type_name()));
-  }
+  absl::StatusOr<json> parsed = ParseJsonObject(text, file);
+  if (!parsed.ok()) return parsed.status();
+  const json& obj = *parsed;
   if (absl::Status s = RejectUnsupported(obj, file); !s.ok()) return s;
 
   ModelConfig c;
@@ -190,12 +182,9 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrFormat("%s: cannot open model config", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrFormat("%s: read error", path));
-  return FromJson(text.str(), path);
+  absl::StatusOr<std::string> text = ReadTextFile(path, "model config");
+  if (!text.ok()) return text.status();
+  return FromJson(*text, path);
 }
 
 absl::Status ModelConfig::Validate() const {

@@ -1,12 +1,11 @@
 #include "engine/tokenizer.h"
 
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <system_error>
 
 #include "absl/strings/str_format.h"
+#include "engine/json_file.h"
 #include "nlohmann/json.hpp"
 
 namespace beaconkv {
@@ -82,27 +81,17 @@ absl::StatusOr<CharTokenizer> CharTokenizer::Load(const std::string& path_or_mod
   std::string path = path_or_model_dir;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) path = path + "/tokenizer.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrFormat("%s: cannot open tokenizer file", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrFormat("%s: read error", path));
-  return FromJson(text.str(), path);
+  absl::StatusOr<std::string> text = ReadTextFile(path, "tokenizer file");
+  if (!text.ok()) return text.status();
+  return FromJson(*text, path);
 }
 
 absl::StatusOr<CharTokenizer> CharTokenizer::FromJson(const std::string& text,
                                                       const std::string& file_name_for_errors) {
   const std::string& file = file_name_for_errors;
-  json obj;
-  try {
-    obj = json::parse(text);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: not valid JSON: %s", file, e.what()));
-  }
-  if (!obj.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: top level must be a JSON object, got %s", file, obj.type_name()));
-  }
+  absl::StatusOr<json> parsed = ParseJsonObject(text, file);
+  if (!parsed.ok()) return parsed.status();
+  const json& obj = *parsed;
   auto format = obj.find("format");
   if (format == obj.end()) return FieldError(file, "format", "is missing");
   if (*format != kFormat) {

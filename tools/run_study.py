@@ -52,7 +52,7 @@ def plan(policies: list[str], budgets: list[int], modes: list[str]) -> list[tupl
 
 
 def run_one(args: argparse.Namespace, spec: str, budget: int | None, mode: str) -> dict:
-    from beaconkv.analyze_cli import parse_knobs
+    from beaconkv.evaluate import parse_knobs
     from beaconkv.evaluate import evaluate, evaluate_teacher_forced
     from beaconkv.replay import resolve_policy
 

@@ -34,20 +34,6 @@ def default_policies() -> list[str]:
     return names[: names.index("beacon") + 1] + ["beacon-pooled"] + names[names.index("beacon") + 1:]
 
 
-def parse_knobs(items: list[str] | None) -> dict:
-    """['n_beacons=8', 'pooling=max'] -> {'n_beacons': 8, 'pooling': 'max'} (JSON values)."""
-    knobs = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--knob {item!r}: expected NAME=VALUE")
-        try:
-            knobs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            knobs[key] = value
-    return knobs
-
-
 def _without_nan(obj):
     """NaN (e.g. a retrieval share over no retrieval query) -> None, so the file is strict
     JSON."""
@@ -86,6 +72,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     split_path = resolve_split(args.model, args.split)
     policies = args.policies or default_policies()
+    from .evaluate import parse_knobs
+
     knobs = parse_knobs(args.knob)
     if args.replay:
         from .replay import make_config

@@ -20,16 +20,9 @@ def default_model_dir() -> str:
 
 
 def _policy_knobs(args: argparse.Namespace) -> dict:
-    knobs = {}
-    for item in args.knob or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--knob {item!r}: expected NAME=VALUE")
-        try:
-            knobs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            knobs[key] = value
-    return knobs
+    from .evaluate import parse_knobs
+
+    return parse_knobs(args.knob)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, TextIO
@@ -32,6 +31,32 @@ def resolve_split(model_dir: str, split: str) -> str:
     if not os.path.isfile(path):
         raise ValueError(f"split {split!r}: no such file {path}")
     return path
+
+
+def load_problems(model_dir: str, split: str, num: int | None = None) -> list[dict]:
+    """The first `num` problems (all when None) of a split name or .jsonl path."""
+    problems = read_split(resolve_split(model_dir, split))
+    if num is not None:
+        problems = problems[:num]
+    if not problems:
+        raise ValueError(f"split {split!r}: no problems to evaluate")
+    return problems
+
+
+def parse_knobs(items: list[str] | None) -> dict:
+    """['n_beacons=8', 'pooling=max'] -> {'n_beacons': 8, 'pooling': 'max'} (JSON values)."""
+    import json
+
+    knobs = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--knob {item!r}: expected NAME=VALUE")
+        try:
+            knobs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            knobs[key] = value
+    return knobs
 
 
 @dataclass
@@ -87,11 +112,7 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
 
     import beaconkv
 
-    problems = read_split(resolve_split(model_dir, split))
-    if num is not None:
-        problems = problems[:num]
-    if not problems:
-        raise ValueError("no problems to evaluate")
+    problems = load_problems(model_dir, split, num)
     tok = CharTokenizer.load(model_dir)
     cfg = make_policy(policy, budget, **(policy_knobs or {}))
     engine = beaconkv.Engine(model_dir, policy=cfg, block_size=block_size,
@@ -178,11 +199,7 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
     `full_retrieval_accuracy` is the full cache's own retrieval accuracy, for scale."""
     import numpy as np
 
-    problems = read_split(resolve_split(model_dir, split))
-    if num is not None:
-        problems = problems[:num]
-    if not problems:
-        raise ValueError("no problems to evaluate")
+    problems = load_problems(model_dir, split, num)
     tok = CharTokenizer.load(model_dir)
     common = (max_batch, block_size, num_blocks, preemption, progress)
     full, _, _ = _forced_run(model_dir, problems, tok, "full", *common, "full (reference)")
