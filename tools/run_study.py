@@ -51,6 +51,9 @@ def plan(policies: list[str], budgets: list[int], modes: list[str]) -> list[tupl
     return runs
 
 
+_FULL_TF: dict = {}  # the full-cache teacher-forced run, shared by every policy of the grid
+
+
 def run_one(args: argparse.Namespace, spec: str, budget: int | None, mode: str) -> dict:
     from beaconkv.evaluate import parse_knobs
     from beaconkv.evaluate import evaluate, evaluate_teacher_forced
@@ -60,7 +63,8 @@ def run_one(args: argparse.Namespace, spec: str, budget: int | None, mode: str) 
     knobs.pop("budget", None)  # evaluate() applies the budget itself
     kw = dict(num=args.num, max_batch=args.max_batch, progress=sys.stderr, policy_knobs=knobs)
     if mode == "tf":
-        r = evaluate_teacher_forced(args.model, args.split, name, budget, **kw)
+        r = evaluate_teacher_forced(args.model, args.split, name, budget, full_cache=_FULL_TF,
+                                    **kw)
     else:
         r = evaluate(args.model, args.split, name, budget, **kw).as_dict()
     r.update(variant=spec, study_budget=budget,

@@ -190,19 +190,28 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
                             num: int | None = None, max_batch: int = 16, block_size: int = 16,
                             num_blocks: int = 0, preemption: str = "recompute",
                             progress: TextIO | None = None,
-                            policy_knobs: dict | None = None) -> dict:
+                            policy_knobs: dict | None = None,
+                            full_cache: dict | None = None) -> dict:
     """Feeds each problem's reference output and compares the policy's next-token
     distributions with the full cache's: greedy agreement, mean KL(full || policy), and
     accuracy on the retrieval tokens (those the generator marks as read from far back).
 
     `accuracy` here is the share of problems whose every target token is the policy's argmax;
-    `full_retrieval_accuracy` is the full cache's own retrieval accuracy, for scale."""
+    `full_retrieval_accuracy` is the full cache's own retrieval accuracy, for scale.
+    `full_cache`: a dict kept across calls (a study) so the full-cache run happens once per
+    (model, split, problems, batching) instead of once per policy."""
     import numpy as np
 
     problems = load_problems(model_dir, split, num)
     tok = CharTokenizer.load(model_dir)
     common = (max_batch, block_size, num_blocks, preemption, progress)
-    full, _, _ = _forced_run(model_dir, problems, tok, "full", *common, "full (reference)")
+    key = (os.path.abspath(model_dir), split, len(problems), max_batch, block_size)
+    if full_cache is not None and key in full_cache:
+        full = full_cache[key]
+    else:
+        full, _, _ = _forced_run(model_dir, problems, tok, "full", *common, "full (reference)")
+        if full_cache is not None:
+            full_cache[key] = full
     cfg = make_policy(policy, budget, **(policy_knobs or {}))
     outs, wall, stats = _forced_run(model_dir, problems, tok, cfg, *common, f"forced {policy}")
     agree = kl_sum = 0.0
