@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "engine/tensor_ops.h"
+#include "kernels/paged_attention_cpu.h"
 
 namespace beaconkv {
 namespace {
@@ -184,41 +185,32 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
         std::copy_n(k.data() + b * hkv + g * d, d, store.key(slot));
         std::copy_n(v.data() + b * hkv + g * d, d, store.value(slot));
       }
-    const double t0 = Now();
-    int64_t work = 0;  // multiply-adds of this layer's attention, over two
+    // This layer's block tables, padded to the longest: [rows, num_kv_heads, max_blocks].
+    int32_t max_blocks = 0;
     for (int64_t b = 0; b < rows; ++b)
       for (int32_t g = 0; g < c.num_kv_heads; ++g)
-        work += int64_t{lengths[b * heads_total + l * c.num_kv_heads + g]} * group * d;
-    const bool parallel = num_threads_ > 1 && work >= (1 << 18);
-    // Paged attention: each (row, query head) reads its kv head's slots in logical order.
-#pragma omp parallel for num_threads(num_threads_) if (parallel) schedule(dynamic, 1) collapse(2)
-    for (int64_t b = 0; b < rows; ++b) {
-      for (int32_t hh = 0; hh < c.num_heads; ++hh) {
-        const int64_t idx = b * heads_total + l * c.num_kv_heads + hh / group;
-        const absl::Span<const BlockId> table = tables[idx];
-        const int32_t n = lengths[idx];
-        std::vector<float> p(n);
-        const float* qh = q.data() + b * hq + hh * d;
-        // Block by block; slot j of the head is offset j % bs of block table[j / bs].
-        for (int32_t j0 = 0, bi = 0; j0 < n; j0 += bs, ++bi) {
-          const float* kb = store.key({table[bi], 0});
-          const int32_t m = std::min(bs, n - j0);
-          for (int32_t o = 0; o < m; ++o) p[j0 + o] = Dot(qh, kb + o * d, d) * scale;
-        }
-        SoftmaxInPlace(p.data(), n);
-        float* out = attn.data() + b * hq + hh * d;
-        std::fill_n(out, d, 0.0f);
-        for (int32_t j0 = 0, bi = 0; j0 < n; j0 += bs, ++bi) {
-          const float* vb = store.value({table[bi], 0});
-          const int32_t m = std::min(bs, n - j0);
-          for (int32_t o = 0; o < m; ++o) {
-            const float pj = p[j0 + o];
-            const float* vj = vb + o * d;
-            for (int64_t e = 0; e < d; ++e) out[e] += pj * vj[e];
-          }
-        }
+        max_blocks = std::max<int32_t>(
+            max_blocks,
+            static_cast<int32_t>(tables[b * heads_total + l * c.num_kv_heads + g].size()));
+    std::vector<int32_t> flat_tables(rows * c.num_kv_heads * max_blocks, kNullBlock);
+    std::vector<int32_t> flat_lengths(rows * c.num_kv_heads);
+    for (int64_t b = 0; b < rows; ++b)
+      for (int32_t g = 0; g < c.num_kv_heads; ++g) {
+        const int64_t src = b * heads_total + l * c.num_kv_heads + g, dst = b * c.num_kv_heads + g;
+        std::copy(tables[src].begin(), tables[src].end(), flat_tables.begin() + dst * max_blocks);
+        flat_lengths[dst] = lengths[src];
       }
-    }
+    const double t0 = Now();
+    kernels::PagedAttentionShape shape;
+    shape.rows = static_cast<int32_t>(rows);
+    shape.num_heads = c.num_heads;
+    shape.num_kv_heads = c.num_kv_heads;
+    shape.head_dim = c.head_dim;
+    shape.block_size = bs;
+    shape.max_blocks = max_blocks;
+    kernels::PagedDecodeAttentionCpu(q.data(), store.keys_data(), store.values_data(),
+                                     flat_tables.data(), flat_lengths.data(), shape, scale,
+                                     attn.data(), num_threads_);
     if (attention_seconds != nullptr) *attention_seconds += Now() - t0;
     if (sink != nullptr) {
       for (int64_t b = 0; b < rows; ++b)

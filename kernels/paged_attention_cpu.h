@@ -1,0 +1,32 @@
+// Paged decode attention over per-(row, kv_head) block tables: the CPU function that defines
+// the result of the CUDA kernel in paged_attention.cu, and the engine's CPU path.
+//
+// For row b and query head h (kv head g = h / group): out[b, h] = sum_j p_j v_j, with
+// p = softmax_j(q[b, h] . k_j * scale) over the n = lengths[b, g] slots of the head, slot j
+// being offset j % block_size of block block_tables[b, g, j / block_size]. Slots are visited
+// in that logical order, so the result depends neither on the batch nor on the block size.
+#pragma once
+
+#include <cstdint>
+
+namespace beaconkv::kernels {
+
+struct PagedAttentionShape {
+  int32_t rows = 0;
+  int32_t num_heads = 0;     // query heads
+  int32_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0
+  int32_t head_dim = 0;
+  int32_t block_size = 0;
+  int32_t max_blocks = 0;  // row stride of block_tables
+};
+
+void PagedDecodeAttentionCpu(const float* q,               // [rows, num_heads, head_dim]
+                             const float* k_cache,         // [num_blocks, block_size, head_dim]
+                             const float* v_cache,         // [num_blocks, block_size, head_dim]
+                             const int32_t* block_tables,  // [rows, num_kv_heads, max_blocks]
+                             const int32_t* lengths,       // [rows, num_kv_heads]
+                             const PagedAttentionShape& shape, float scale,
+                             float* out,  // [rows, num_heads, head_dim]
+                             int num_threads);
+
+}  // namespace beaconkv::kernels
