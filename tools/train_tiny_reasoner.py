@@ -2,17 +2,21 @@
 """Train the tiny reasoning model that ships in models/tiny-reasoner/ (not run in CI).
 
 A small Llama (RMSNorm, RoPE, grouped-query attention, SwiGLU) learns the plan-and-execute task
-of beaconkv.task from freshly generated problems, with a curriculum from short problems (1-4
-steps) to a mix of lengths. The checkpoint is written in the HF layout (config.json,
-model.safetensors in fp32 with HF tensor names, tokenizer.json) every --save-every-min minutes,
-whenever the teacher-forced exact-trace rate on held-out long problems is at least the best seen
-so far. A trace is reproduced by greedy decoding exactly when every target token is the argmax
-under teacher forcing, so that rate is the greedy full-cache accuracy on those problems.
+of beaconkv.task from freshly generated problems. Curriculum: 1-4 step problems until the
+label-keyed copies of held-out short problems reach --gate (or --short-tokens-max tokens), then
+a mix of short problems (with labels starting at random letters, so every label is trained) and
+long ones up to --max-steps. The checkpoint is written in the HF layout (config.json,
+model.safetensors in fp32 with HF tensor names, tokenizer.json) every --save-every-min minutes
+whenever the teacher-forced exact-trace rate on held-out long problems is at least the best so
+far. A trace is reproduced by greedy decoding exactly when every target token is the argmax
+under teacher forcing, so that rate is the greedy full-cache trace accuracy.
 
     OPENBLAS_NUM_THREADS=1 /usr/bin/python3 tools/train_tiny_reasoner.py \\
-        --out models/tiny-reasoner --run-dir runs/tiny-reasoner --seed 1 --total-tokens 30e6
+        --out models/tiny-reasoner --run-dir runs/tiny-reasoner --seed 1
 
 Resume: add --resume (reads RUN_DIR/state.pt if present, else the weights in --out).
+Evaluate: --eval-split FILE (teacher-forced, per role). The exact command that replays the
+shipped checkpoint is in docs/testbed.md.
 """
 
 from __future__ import annotations
@@ -229,9 +233,14 @@ def make_batch(rng: random.Random, long_on: bool, args, tok):
     n = sample_steps(rng, long_on, args)
     diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width,
                            operand_digits=args.operand_digits)
-    exs = [task.generate(rng, diff)]
+    # Once long problems are on, short ones start at a random label so that every label is
+    # trained cheaply (long problems alone reach the late letters rarely).
+    first = rng.randint(0, task.MAX_STEPS - n) if args.label_offsets and long_on and n <= 6 else 0
+    case = "upper" if args.prompt_upper else "lower"
+    exs = [task.generate(rng, diff, first, case)]
     length = len(exs[0].prompt) + len(exs[0].target) + 2  # the same for every problem of diff
-    exs += [task.generate(rng, diff) for _ in range(max(1, args.batch_tokens // length) - 1)]
+    exs += [task.generate(rng, diff, first, case)
+            for _ in range(max(1, args.batch_tokens // length) - 1)]
     return encode_batch(tok, exs)
 
 
@@ -320,19 +329,30 @@ def main() -> int:
                         "retrievals (R) of held-out short problems reach this accuracy ...")
     p.add_argument("--short-tokens-max", type=float, default=10e6,
                    help="... or this many tokens have been seen; then mix in long problems")
-    p.add_argument("--short-frac", type=float, default=0.25)
-    p.add_argument("--batch-tokens", type=int, default=8192)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--short-frac", type=float, default=0.5,
+                   help="once long problems are on: share of batches with 1-6 steps")
+    p.add_argument("--label-offsets", type=int, default=1,
+                   help="once long problems are on, start the labels of short problems at a "
+                        "random letter (1) or always at A (0)")
+    p.add_argument("--prompt-upper", type=int, default=1,
+                   help="prompt labels in upper case as in the splits (1) or lower case (0, "
+                        "task version 2)")
+    p.add_argument("--at", action="append", default=[], metavar="STEP:KEY=VALUE[,KEY=VALUE]",
+                   help="change numeric options from STEP on (replays a run whose options "
+                        "were changed on resume), e.g. --at 2951:total_tokens=30e6")
+    p.add_argument("--batch-tokens", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-frac", type=float, default=0.05)
     p.add_argument("--warmup-steps", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--total-tokens", type=float, default=30e6, help="length of the LR schedule")
+    p.add_argument("--total-tokens", type=float, default=35e6, help="length of the LR schedule")
     p.add_argument("--deadline", default="", help="UTC HH:MM: save and stop at this time")
     p.add_argument("--stop-step", type=int, default=0,
                    help="save and stop after this optimizer step (reproduces a run that was "
                         "stopped by --deadline; its step is in config.json)")
     p.add_argument("--save-every-min", type=float, default=10.0)
-    p.add_argument("--eval-every", type=int, default=100, help="steps between quick evals")
+    p.add_argument("--eval-every", type=int, default=200,
+                   help="steps between quick evals (they also open the curriculum gate)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-split", default="",
                    help="only evaluate the checkpoint in --out on this split file and exit")
@@ -427,7 +447,21 @@ def main() -> int:
     t0 = time.time()
     last_save = time.time()
     run_loss, run_tok, t_log = 0.0, 0, time.time()
-    while tokens_seen < args.total_tokens:
+    changes = []
+    for spec in args.at:
+        at_step, assigns = spec.split(":", 1)
+        for assign in assigns.split(","):
+            key, value = assign.split("=")
+            if not hasattr(args, key):
+                p.error(f"--at {spec}: unknown option {key!r}")
+            changes.append((int(at_step), key, type(getattr(args, key))(float(value))))
+    while True:
+        for at_step, key, value in changes:
+            if step >= at_step and getattr(args, key) != value:
+                setattr(args, key, value)
+                emit({"event": "option", "step": step, key: value})
+        if tokens_seen >= args.total_tokens:
+            break
         ids, tgt, roles = make_batch(rng, long_on, args, tok)
         for g in opt.param_groups:
             g["lr"] = lr_at(tokens_seen)
@@ -445,7 +479,7 @@ def main() -> int:
         run_tok += ntok
         if step % args.eval_every == 0:
             ev = evaluate(model, long_eval[:2])
-            evs = evaluate(model, short_eval[:1])
+            evs = evaluate(model, short_eval)
             now = time.time()
             emit({"event": "train", "step": step, "tokens_seen": int(tokens_seen),
                   "minutes": round((elapsed0 + now - t0) / 60, 2),

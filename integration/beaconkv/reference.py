@@ -283,3 +283,38 @@ def greedy_generate(model_dir: str, prompt: str, max_new_tokens: int) -> str:
     model = Model(model_dir)
     out, _ = model.generate(model.encode_prompt(prompt), max_new_tokens)
     return model.tokenizer.decode(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Greedy full-cache accuracy of a checkpoint on a split, with this reference."""
+    import argparse
+    import sys
+
+    import beaconkv.task as task
+
+    p = argparse.ArgumentParser(prog="python -m beaconkv.reference", description=main.__doc__)
+    p.add_argument("--model", required=True)
+    p.add_argument("--split", required=True)
+    p.add_argument("--num", type=int, default=0, help="first NUM problems (0: all)")
+    a = p.parse_args(argv)
+    model = Model(a.model)
+    recs = task.read_split(a.split)
+    recs = recs[: a.num] if a.num else recs
+    exact_answer = exact_trace = gen_tokens = 0
+    for i, rec in enumerate(recs):
+        out, _ = model.generate(model.encode_prompt(rec["prompt"]), len(rec["target"]) + 64)
+        text = model.tokenizer.decode(out)
+        exact_answer += task.extract_answer(text) == rec["answer"]
+        exact_trace += text == rec["target"]
+        gen_tokens += len(out) + 1  # with end-of-sequence
+        print(f"{i + 1}/{len(recs)} answer_ok={exact_answer} trace_ok={exact_trace}",
+              file=sys.stderr, flush=True)
+    print(json.dumps({"model": a.model, "split": a.split, "problems": len(recs),
+                      "exact_answer": exact_answer / len(recs),
+                      "exact_trace": exact_trace / len(recs),
+                      "mean_generated_tokens": gen_tokens / len(recs)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

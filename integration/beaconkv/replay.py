@@ -262,7 +262,7 @@ def replay_traces(traces: Iterable[Trace], policies: dict, k_max: int = 150,
     for i, tr in enumerate(traces):
         start = tr.prompt_len - 1  # the query at position p predicts token p + 1
         if distances is None:
-            topk, _ = query_distances(tr.attention, start, k_max)
+            topk = query_distances(tr.attention, start, k_max)[0]
         else:
             topk = distances[i]
         glob.append(topk > threshold_frac * len(tr.ids))

@@ -7,8 +7,11 @@ attention weights and the pre-RoPE query. Per query it computes
 
 * the paper's measure: mean distance from the query position to its top-K attended positions
   (K = 150, or fewer when fewer positions exist);
-* the attention-weighted mean distance (the top-K measure mostly reflects how spread out the
-  attention is, so both are reported).
+* the attention-weighted mean distance, leaving out position 0 (the beginning-of-sequence
+  token, where idle heads park their attention: an "attention sink" that says nothing about
+  revisiting) and renormalising over the rest. The top-K measure mostly reflects how spread
+  out the attention is, so both are reported;
+* the distance to the single most-attended position (argmax), the sharpest of the three.
 
 A query is *global* when its distance exceeds ``threshold_frac`` of the sequence length (the
 paper uses 200 tokens on traces of thousands). Outputs: summary JSON, PNG plots (distance
@@ -30,19 +33,23 @@ import beaconkv.task as task
 from beaconkv.reference import Model
 
 
-def query_distances(att: np.ndarray, start: int, k_max: int) -> tuple[np.ndarray, np.ndarray]:
-    """Distances of queries start..T-1. att [L, H, T, T] -> topk, weighted each [L, H, T-start]."""
+def query_distances(att: np.ndarray, start: int, k_max: int):
+    """Distances of queries start..T-1. att [L, H, T, T] -> topk, weighted, argmax, each
+    [L, H, T-start]."""
     n_layers, n_heads, t_len, _ = att.shape
     topk = np.zeros((n_layers, n_heads, t_len - start))
     weighted = np.zeros_like(topk)
+    top1 = np.zeros_like(topk)
     for t in range(start, t_len):
         row = att[:, :, t, : t + 1]  # [L, H, t+1]
         dist = t - np.arange(t + 1)  # [t+1]
         k = min(k_max, t + 1)
         idx = np.argpartition(-row, k - 1, axis=-1)[..., :k]
         topk[:, :, t - start] = dist[idx].mean(-1)
-        weighted[:, :, t - start] = (row * dist).sum(-1)
-    return topk, weighted
+        rest = row[..., 1:]  # without the sink at position 0
+        weighted[:, :, t - start] = (rest * dist[1:]).sum(-1) / np.maximum(rest.sum(-1), 1e-12)
+        top1[:, :, t - start] = dist[row.argmax(-1)]
+    return topk, weighted, top1
 
 
 def cosine_stats(q: np.ndarray, is_global: np.ndarray, rng: np.random.Generator,
@@ -69,7 +76,7 @@ def analyze(model_dir: str, split: str, num: int, k_max: int = 150,
     model = Model(model_dir)
     recs = task.read_split(split)[:num]
     tok = model.tokenizer
-    per = {"topk": [], "weighted": [], "role": [], "threshold": [], "query": [],
+    per = {"topk": [], "weighted": [], "top1": [], "role": [], "threshold": [], "query": [],
            "source_mass_plan": [], "source_mass_prompt": []}
     greedy_ok = 0
     for rec in recs:
@@ -77,10 +84,11 @@ def analyze(model_dir: str, split: str, num: int, k_max: int = 150,
         ids = prompt_ids + tok.encode(rec["target"])
         _, att, qry = model.trace(ids)
         start = len(prompt_ids) - 1  # query at position p predicts token p + 1
-        topk, weighted = query_distances(att, start, k_max)
+        topk, weighted, top1 = query_distances(att, start, k_max)
         roles = rec["roles"] + "E"  # the last query predicts end-of-sequence
         per["topk"].append(topk)
         per["weighted"].append(weighted)
+        per["top1"].append(top1)
         per["role"].append(np.array(list(roles)))
         per["threshold"].append(np.full(len(roles), threshold_frac * len(ids)))
         per["query"].append(qry[:, :, start:, :])
@@ -96,11 +104,13 @@ def analyze(model_dir: str, split: str, num: int, k_max: int = 150,
             greedy_ok += tok.decode(out) == rec["target"]
     topk = np.concatenate(per["topk"], -1)  # [L, H, Q]
     weighted = np.concatenate(per["weighted"], -1)
+    top1 = np.concatenate(per["top1"], -1)
     role = np.concatenate(per["role"])  # [Q]
     thr = np.concatenate(per["threshold"])  # [Q]
     query = np.concatenate(per["query"], 2)  # [L, H, Q, hd]
     glob_w = weighted > thr
     glob_k = topk > thr
+    glob_1 = top1 > thr
     is_r = role == "R"
     n_layers, n_heads = topk.shape[:2]
     rng = np.random.default_rng(0)
@@ -112,6 +122,9 @@ def analyze(model_dir: str, split: str, num: int, k_max: int = 150,
                 "layer": li, "head": h,
                 "global_frac_weighted": float(g.mean()),
                 "global_frac_topk": float(glob_k[li, h].mean()),
+                "global_frac_argmax": float(glob_1[li, h].mean()),
+                "argmax_global_frac_on_retrieval": float(glob_1[li, h][is_r].mean()),
+                "argmax_global_frac_elsewhere": float(glob_1[li, h][~is_r].mean()),
                 "global_frac_on_retrieval": float(g[is_r].mean()),
                 "global_frac_elsewhere": float(g[~is_r].mean()),
                 "retrieval_share_of_globals": float(is_r[g].mean()) if g.any() else None,
@@ -126,14 +139,19 @@ def analyze(model_dir: str, split: str, num: int, k_max: int = 150,
         "greedy_exact": greedy_ok if check_greedy else None,
         "global_frac_weighted": float(glob_w.mean()),
         "global_frac_topk": float(glob_k.mean()),
+        "global_frac_argmax": float(glob_1.mean()),
         "retrieval_query_frac": float(is_r.mean()),
         "global_frac_weighted_by_role": {r: float(glob_w[:, :, role == r].mean())
                                          for r in sorted(set(role))},
+        "global_frac_argmax_by_role": {r: float(glob_1[:, :, role == r].mean())
+                                       for r in sorted(set(role))},
+        "global_frac_topk_by_role": {r: float(glob_k[:, :, role == r].mean())
+                                     for r in sorted(set(role))},
         "retrieval_attention_mass_plan": plan_mass.mean((-1)).round(3).tolist(),
         "retrieval_attention_mass_prompt": prompt_mass.mean((-1)).round(3).tolist(),
         "heads": heads,
     }
-    arrays = {"topk": topk, "weighted": weighted, "role": role, "threshold": thr,
+    arrays = {"topk": topk, "weighted": weighted, "top1": top1, "role": role, "threshold": thr,
               "query": query}
     return {"summary": summary, "arrays": arrays}
 

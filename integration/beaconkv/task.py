@@ -5,14 +5,14 @@ A problem is a chain of additions and subtractions of K-digit operands on one W-
 zero-padded, so that each digit of a result sits at a fixed distance from the digits it is
 computed from.
 
-Prompt: the operations, each with a unique lowercase label, in shuffled order (K = 3)::
+Prompt: the operations, each with a unique label, in shuffled order (K = 3)::
 
-    c+410;a+532;b-700;
+    C+410;A+532;B-700;
 
 Target (what the model writes):
 
-* the **plan**: the operations in chain order under uppercase labels, then the label of the
-  answer step with ``?``.  Writing plan line ``B`` copies prompt item ``b`` (a label-keyed copy)::
+* the **plan**: the operations in chain order, then the label of the answer step with ``?``.
+  Writing plan line ``B`` copies prompt item ``B`` (a label-keyed copy)::
 
       A+532
       B-700
@@ -29,9 +29,11 @@ Target (what the model writes):
 
 * the **answer**: the header ``D?`` re-read from the plan, then ``#`` and the register.
 
-Every far-back retrieval is keyed by a single-token label that occurs once before it is
-needed (lowercase in the prompt, uppercase in the plan), because tiny models learn label-keyed
-copies but not lookups keyed by names that occur in several places.
+Every far-back retrieval is keyed by a single-token label, because tiny models learn
+label-keyed copies but not lookups keyed by names that occur in several places. A label occurs
+once in the prompt and once in the plan with the same operation after it, so a copy from either
+is right. (Version 2 wrote the prompt's labels in lowercase; a model then learns the plan copy
+upper->lower but does not transfer it to the headers' upper->upper copy.)
 
 Each example carries one role character per target token (the tokenizer is character level,
 so target token i is ``target[i]``); see ROLES.
@@ -46,7 +48,7 @@ import random
 import sys
 from typing import Iterator
 
-TASK_VERSION = "plan-exec-v2"
+TASK_VERSION = "plan-exec-v3"
 
 LABELS_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 LABELS_LOWER = LABELS_UPPER.lower()
@@ -56,7 +58,7 @@ ALPHABET = "\n#+-;=?|0123456789" + LABELS_UPPER + LABELS_LOWER  # every characte
 # Role of every target character.
 ROLES = {
     "L": "label: plan-line or step label (next letter, locally predictable)",
-    "P": "plan: operation copied from the prompt by its lowercase label",
+    "P": "plan: operation copied from the prompt by its label",
     "R": "retrieval: header re-reading its plan line far back (keyed by the uppercase label)",
     "Z": "zero padding of the re-read operand to the register width (local)",
     "X": "register copy: previous result row, one step (49 tokens at W=10) back",
@@ -153,32 +155,40 @@ class _Writer:
 
 
 def build_example(ops: list[tuple[str, int]], order: list[int], width: int,
-                  operand_digits: int) -> Example:
+                  operand_digits: int, first_label: int = 0,
+                  prompt_case: str = "upper") -> Example:
     """Build prompt, target and roles for operations `ops` (chain order) listed in the prompt
-    in the order `order` (a permutation of range(len(ops)))."""
+    in the order `order` (a permutation of range(len(ops))).
+
+    Labels start at letter `first_label` (0 = A). Splits always use 0; training also uses
+    other starts so that short problems exercise every label. `prompt_case` "lower" gives the
+    version-2 prompts (used early in the shipped model's training)."""
     n = len(ops)
-    if not 1 <= n <= MAX_STEPS:
-        raise ValueError(f"need 1..{MAX_STEPS} operations, got {n}")
+    if not 1 <= n <= MAX_STEPS - first_label or first_label < 0:
+        raise ValueError(f"need 1..{MAX_STEPS - first_label} operations when labels start at "
+                         f"{first_label}, got {n}")
+    upper = LABELS_UPPER[first_label:]
+    keys = (LABELS_UPPER if prompt_case == "upper" else LABELS_LOWER)[first_label:]
     if sorted(order) != list(range(n)):
         raise ValueError("order must be a permutation of the operation indices")
     if any(not 0 <= v < 10 ** operand_digits for _, v in ops):
         raise ValueError(f"operands must have at most {operand_digits} digits")
     lines = [op + digits_lsb(v, operand_digits) for op, v in ops]
     pad = "0" * (width - operand_digits)
-    prompt = "".join(LABELS_LOWER[k] + lines[k] + ";" for k in order) + "\n"
+    prompt = "".join(keys[k] + lines[k] + ";" for k in order) + "\n"
 
     w = _Writer()
     for k in range(n):
-        w.put(LABELS_UPPER[k], "L")
+        w.put(upper[k], "L")
         w.put(lines[k], "P")
         w.put("\n", "F")
-    w.put(LABELS_UPPER[n], "L")
+    w.put(upper[n], "L")
     w.put("?", "P")
     w.put("\n", "F")
 
     register = "0" * width
     for k, (op, _) in enumerate(ops):
-        w.put(LABELS_UPPER[k], "L")
+        w.put(upper[k], "L")
         w.put(lines[k], "R")
         w.put(pad, "Z")
         w.put("\n|", "F")
@@ -190,7 +200,7 @@ def build_example(ops: list[tuple[str, int]], order: list[int], width: int,
         w.put(result, "D")
         w.put("\n", "F")
         register = result
-    w.put(LABELS_UPPER[n], "L")
+    w.put(upper[n], "L")
     w.put("?", "R")
     w.put("\n#", "F")
     w.put(register, "A")
@@ -198,7 +208,8 @@ def build_example(ops: list[tuple[str, int]], order: list[int], width: int,
     return Example(prompt=prompt, target=target, answer=register, roles=roles, n_steps=n)
 
 
-def generate(rng: random.Random, diff: Difficulty) -> Example:
+def generate(rng: random.Random, diff: Difficulty, first_label: int = 0,
+             prompt_case: str = "upper") -> Example:
     diff.validate()
     n = rng.randint(diff.min_steps, diff.max_steps)
     ops = []
@@ -207,7 +218,7 @@ def generate(rng: random.Random, diff: Difficulty) -> Example:
         ops.append((op, rng.randrange(10 ** diff.operand_digits)))
     order = list(range(n))
     rng.shuffle(order)
-    return build_example(ops, order, diff.width, diff.operand_digits)
+    return build_example(ops, order, diff.width, diff.operand_digits, first_label, prompt_case)
 
 
 def reference_answer(prompt: str, width: int) -> str:

@@ -20,7 +20,7 @@ def test_worked_example_is_exact():
     # Chain: +120, -7737, +12 on a 6-digit register with 4-digit operands; prompt shuffled.
     ops = [("+", 120), ("-", 7737), ("+", 12)]
     ex = task.build_example(ops, order=[2, 0, 1], width=6, operand_digits=4)
-    assert ex.prompt == "c+2100;a+0210;b-7377;\n"
+    assert ex.prompt == "C+2100;A+0210;B-7377;\n"
     assert ex.target.split("\n")[:4] == ["A+0210", "B-7377", "C+2100", "D?"]
     # 120 - 7737 = -7617 = 992383 (mod 10**6), then + 12 = 992395.
     assert ex.answer == task.digits_lsb(992395, 6) == "593299"
@@ -79,12 +79,21 @@ def test_roles_mark_exactly_the_far_back_copies():
 
 def test_labels_are_unique_keys():
     ex = _example(11, min_steps=task.MAX_STEPS, max_steps=task.MAX_STEPS)
-    for ch in task.LABELS_LOWER[: ex.n_steps]:
-        assert ex.prompt.count(ch) == 1
     plan = ex.target[: ex.target.index("?") + 1]
-    for ch in task.LABELS_UPPER[: ex.n_steps + 1]:
-        assert plan.count(ch) == 1
-        assert ex.prompt.count(ch) == 0
+    for ch in task.LABELS_UPPER[: ex.n_steps]:
+        assert ex.prompt.count(ch) == 1 and plan.count(ch) == 1
+        # the prompt item and the plan line carry the same operation after the label
+        item = ex.prompt[ex.prompt.index(ch):].split(";")[0]
+        assert plan[plan.index(ch):].split("\n")[0] == item
+    assert plan.count(task.LABELS_UPPER[ex.n_steps]) == 1
+
+
+def test_version_2_prompts_use_lowercase_labels():
+    a = task.generate(random.Random(4), task.Difficulty(min_steps=3, max_steps=3))
+    b = task.generate(random.Random(4), task.Difficulty(min_steps=3, max_steps=3),
+                      prompt_case="lower")
+    assert b.prompt == a.prompt.translate(str.maketrans("ABC", "abc"))
+    assert b.target == a.target
 
 
 def test_generation_is_deterministic_and_seed_dependent():
@@ -142,3 +151,15 @@ def test_committed_splits_are_reproducible(name):
         assert rec["target"] == ex.target and rec["roles"] == ex.roles
     assert sum(len(r["target"]) + 1 for r in recs) / len(recs) >= 1000
     assert json.loads(json.dumps(recs[0])) == recs[0]
+
+
+def test_first_label_shifts_every_label_and_keeps_the_work():
+    rng_a, rng_b = random.Random(8), random.Random(8)
+    d = task.Difficulty(min_steps=3, max_steps=3)
+    base, shifted = task.generate(rng_a, d), task.generate(rng_b, d, first_label=20)
+    assert shifted.target.split("\n")[:4] == [
+        "U" + base.target.split("\n")[0][1:], "V" + base.target.split("\n")[1][1:],
+        "W" + base.target.split("\n")[2][1:], "X?"]
+    assert shifted.answer == base.answer and shifted.roles == base.roles
+    with pytest.raises(ValueError):
+        task.generate(random.Random(8), d, first_label=task.MAX_STEPS - 2)
