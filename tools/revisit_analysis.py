@@ -13,9 +13,9 @@ sys.path.insert(0, os.path.join(ROOT, "integration"))
 
 import beaconkv.revisit as revisit  # noqa: E402
 
-DEFAULTS = ["--model", os.path.join(ROOT, "models", "tiny-reasoner"),
-            "--split", os.path.join(ROOT, "models", "tiny-reasoner", "data", "dev.jsonl"),
-            "--num", "20", "--out", os.path.join(ROOT, "docs")]
+DEFAULTS = ["--model", "models/tiny-reasoner", "--split", "models/tiny-reasoner/data/dev.jsonl",
+            "--num", "20", "--out", "docs"]  # relative to the repository root
 
 if __name__ == "__main__":
+    os.chdir(ROOT)
     sys.exit(revisit.main(DEFAULTS + sys.argv[1:]))  # later options override the defaults

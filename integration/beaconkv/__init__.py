@@ -19,7 +19,13 @@ def __getattr__(name):
         raise AttributeError(f"module 'beaconkv' has no attribute {name!r}")
     import importlib
 
-    _beaconkv = importlib.import_module("beaconkv._beaconkv")
+    try:
+        _beaconkv = importlib.import_module("beaconkv._beaconkv")
+    except ImportError as e:
+        # AttributeError, so that `from beaconkv import task` still finds the pure-Python
+        # submodule when the extension is not built.
+        raise AttributeError(f"module 'beaconkv' has no attribute {name!r} (the native "
+                             f"extension is not available: {e})") from e
     try:
         value = getattr(_beaconkv, name)
     except AttributeError:

@@ -206,7 +206,8 @@ def plot(result: dict, out_dir: str, prefix: str = "testbed") -> list[str]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    best = max(s["heads"], key=lambda h: h["global_frac_weighted"])
+    # The head whose global queries are most specific to the plan re-reading steps.
+    best = max(s["heads"], key=lambda h: h["global_frac_on_retrieval"] - h["global_frac_elsewhere"])
     li, h = best["layer"], best["head"]
     q = a["query"][li, h]
     g = weighted[li, h] > thr
@@ -214,8 +215,10 @@ def plot(result: dict, out_dir: str, prefix: str = "testbed") -> list[str]:
     _, _, vt = np.linalg.svd(qc, full_matrices=False)
     xy = qc @ vt[:2].T
     fig, ax = plt.subplots(figsize=(6, 5))
-    ax.scatter(xy[~g, 0], xy[~g, 1], s=2, alpha=0.3, label="local")
-    ax.scatter(xy[g, 0], xy[g, 1], s=4, alpha=0.6, label="global")
+    r = role == "R"
+    ax.scatter(xy[~g, 0], xy[~g, 1], s=2, alpha=0.2, label="local")
+    ax.scatter(xy[g & ~r, 0], xy[g & ~r, 1], s=4, alpha=0.5, label="global, other")
+    ax.scatter(xy[g & r, 0], xy[g & r, 1], s=6, alpha=0.7, label="global, predicting retrieval")
     ax.set_title(f"PCA of pre-RoPE queries, layer {li} head {h}")
     ax.legend()
     fig.tight_layout()
