@@ -9,22 +9,14 @@
 #include <vector>
 
 #include "block_manager/kv_store.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace beaconkv {
 namespace {
 
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using gpu_test::HaveGpu;
+using gpu_test::ToDevice;
 
-template <typename T>
-T* ToDevice(const std::vector<T>& v) {
-  T* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(T) + 1), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return p;
-}
 template <typename T>
 std::vector<T> ToHost(const T* p, size_t n) {
   std::vector<T> v(n);

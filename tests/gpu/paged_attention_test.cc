@@ -11,21 +11,13 @@
 #include <tuple>
 #include <vector>
 
+#include "tests/gpu/gpu_test_util.h"
+
 namespace beaconkv::kernels {
 namespace {
 
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-template <typename T>
-T* ToDevice(const std::vector<T>& v) {
-  T* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(T) + 1), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return p;
-}
+using gpu_test::HaveGpu;
+using gpu_test::ToDevice;
 
 // (head_dim, block_size, group)
 class PagedAttentionGpuTest : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
