@@ -20,9 +20,13 @@
 #include "engine/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cpp/engine_test_files.h"
 
 namespace beaconkv {
 namespace {
+
+using test_files::Le64;
+using test_files::TempRoot;
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -34,12 +38,6 @@ struct Tensor {
   std::vector<int64_t> shape;
   std::vector<float> values;  // every value exactly representable in F16 and BF16
 };
-
-std::string Le64(uint64_t v) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  return out;
-}
 
 // Encodes a normal (or zero) half-precision value exactly.
 uint16_t ToHalf(float v) {
@@ -143,26 +141,6 @@ TinyModel MakeTinyModel(Arch arch, bool tied) {
   add("model.norm.weight", {hidden});
   if (!tied) add("lm_head.weight", {vocab, hidden});
   return m;
-}
-
-// A folder of this process under ::testing::TempDir(), so that concurrent runs do not collide;
-// removed at exit.
-std::string TempRoot() {
-  struct Folder {
-    Folder() {
-      path = ::testing::TempDir();
-      while (path.size() > 1 && path.back() == '/') path.pop_back();
-      path = absl::StrCat(path, "/bkv_engine_", getpid());
-      std::filesystem::create_directories(path);
-    }
-    ~Folder() {
-      std::error_code ignored;
-      std::filesystem::remove_all(path, ignored);
-    }
-    std::string path;
-  };
-  static Folder folder;
-  return folder.path;
 }
 
 std::string TempDir() {

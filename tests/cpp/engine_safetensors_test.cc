@@ -19,18 +19,16 @@
 #include "engine/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cpp/engine_test_files.h"
 
 namespace beaconkv {
 namespace {
 
+using test_files::Le64;
+using test_files::TempRoot;
+
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-std::string Le64(uint64_t v) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  return out;
-}
 
 template <class T>
 std::string Bytes(const std::vector<T>& values) {
@@ -62,26 +60,6 @@ std::string BuildFile(const std::vector<Tensor>& tensors) {
     data += t.data;
   }
   return Assemble(absl::StrCat("{", absl::StrJoin(entries, ","), "}"), data);
-}
-
-// A folder of this process under ::testing::TempDir(), so that concurrent runs do not collide;
-// removed at exit.
-std::string TempRoot() {
-  struct Folder {
-    Folder() {
-      path = ::testing::TempDir();
-      while (path.size() > 1 && path.back() == '/') path.pop_back();
-      path = absl::StrCat(path, "/bkv_engine_", getpid());
-      std::filesystem::create_directories(path);
-    }
-    ~Folder() {
-      std::error_code ignored;
-      std::filesystem::remove_all(path, ignored);
-    }
-    std::string path;
-  };
-  static Folder folder;
-  return folder.path;
 }
 
 std::string TempPath(const std::string& name) {
