@@ -9,7 +9,8 @@ teacher-forced, one JSON per run under docs/results/.
 File names: ``<policy>_b<budget>.json`` (greedy, beaconkv.evaluate.evaluate) and
 ``<policy>_b<budget>_tf.json`` (teacher forced, evaluate_teacher_forced); ``full.json`` and
 ``full_tf.json`` once, since full ignores the budget. ``<policy>-pooled`` runs the policy
-with pooled budgets (beacon, snapkv). rpc has no budget: at budget B it runs with
+with pooled budgets (beacon, snapkv); ``<policy>:knob=value,...`` a variant with its own knobs
+(``beacon:n_recent=32`` -> ``beacon__n_recent-32_b64.json``). rpc has no budget: at budget B it runs with
 period = ratio x B (beaconkv.replay.resolve_policy), so its first round keeps B tokens.
 
 Each file holds what ``beaconkv eval --json`` writes plus ``variant`` (the policy as named
@@ -37,7 +38,9 @@ def default_policies() -> list[str]:
 
 
 def result_name(spec: str, budget: int | None, mode: str) -> str:
-    base = spec if spec == "full" or budget is None else f"{spec}_b{budget}"
+    """'beacon:n_recent=32,pool_kernel=3' at 64 -> 'beacon__n_recent-32__pool_kernel-3_b64'."""
+    safe = spec.replace(":", "__").replace(",", "__").replace("=", "-")
+    base = safe if spec == "full" or budget is None else f"{safe}_b{budget}"
     return base + ("_tf" if mode == "tf" else "") + ".json"
 
 

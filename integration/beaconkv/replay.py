@@ -41,10 +41,22 @@ NEVER = np.iinfo(np.int64).max  # eviction step of a position that is never evic
 
 
 def parse_policy_spec(spec: str) -> tuple[str, dict]:
-    """'beacon' -> ('beacon', {}); 'beacon-pooled' -> ('beacon', {'budget_mode': 'pooled'})."""
-    if spec.endswith(POOLED_SUFFIX):
-        return spec[: -len(POOLED_SUFFIX)], {"budget_mode": "pooled"}
-    return spec, {}
+    """A policy variant as named in a study: ``NAME[-pooled][:KNOB=VALUE[,KNOB=VALUE...]]``.
+
+    'beacon' -> ('beacon', {}); 'beacon-pooled' -> ('beacon', {'budget_mode': 'pooled'});
+    'beacon:n_recent=32,protect_prompt=false' -> ('beacon', {'n_recent': 32,
+    'protect_prompt': False}). Values are JSON where they parse as JSON, else strings."""
+    from .evaluate import parse_knobs
+
+    name, sep, knob_text = spec.partition(":")
+    extra = {}
+    if name.endswith(POOLED_SUFFIX):
+        name, extra = name[: -len(POOLED_SUFFIX)], {"budget_mode": "pooled"}
+    if sep:
+        if not knob_text:
+            raise ValueError(f"policy {spec!r}: expected KNOB=VALUE after ':'")
+        extra.update(parse_knobs(knob_text.split(",")))
+    return name, extra
 
 
 def resolve_policy(spec: str, budget: int | None = None, interval: int | None = None,
@@ -71,6 +83,7 @@ def resolve_policy(spec: str, budget: int | None = None, interval: int | None = 
     if interval is not None:
         wanted["interval"] = interval
     wanted.update(knobs or {})
+    wanted.update(extra)  # the variant's own knobs win over grid-wide ones
     return name, {k: v for k, v in wanted.items() if k in defaults}
 
 

@@ -225,6 +225,27 @@ def test_pooled_spec_and_rpc_period():
         make_config("tova-pooled", 32)
 
 
+def test_variant_specs_carry_their_own_knobs():
+    from beaconkv.replay import make_config, parse_policy_spec, resolve_policy
+
+    assert parse_policy_spec("beacon:n_recent=32,protect_prompt=false") == (
+        "beacon", {"n_recent": 32, "protect_prompt": False})
+    assert parse_policy_spec("beacon-pooled:n_beacons=0") == (
+        "beacon", {"budget_mode": "pooled", "n_beacons": 0})
+    # The variant's knobs win over grid-wide ones; the budget still comes from the grid.
+    name, kn = resolve_policy("beacon:n_recent=32", 96, 16, {"n_recent": 8, "n_beacons": 4})
+    assert name == "beacon" and kn["n_recent"] == 32 and kn["n_beacons"] == 4
+    assert kn["budget"] == 96 and kn["interval"] == 16
+    cfg = make_config("beacon:pool_kernel=3", 64)
+    assert cfg.pool_kernel == 3 and cfg.budget == 64
+    with pytest.raises(ValueError, match="no knob 'window'"):
+        make_config("beacon:window=3", 64)
+    with pytest.raises(ValueError, match="KNOB=VALUE"):
+        parse_policy_spec("beacon:")
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        parse_policy_spec("beacon:n_recent")
+
+
 def test_analyze_writes_summary_and_plots(tmp_path):
     pytest.importorskip("matplotlib")
     from beaconkv.analyze_cli import add_analyze_parser
@@ -256,6 +277,8 @@ def test_run_study_writes_one_json_per_run(tmp_path, short_split):
     assert study.result_name("beacon", 128, "greedy") == "beacon_b128.json"
     assert study.result_name("beacon", 128, "tf") == "beacon_b128_tf.json"
     assert study.result_name("beacon-pooled", 128, "greedy") == "beacon-pooled_b128.json"
+    assert (study.result_name("beacon:n_recent=32,pool_kernel=3", 64, "tf") ==
+            "beacon__n_recent-32__pool_kernel-3_b64_tf.json")
     assert study.result_name("full", None, "tf") == "full_tf.json"
     assert study.plan(["full", "tova"], [32, 64], ["greedy"]) == [
         ("full", None, "greedy"), ("tova", 32, "greedy"), ("tova", 64, "greedy")]
