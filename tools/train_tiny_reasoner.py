@@ -199,7 +199,7 @@ def write_checkpoint(out_dir: str, model: TinyLlama, tok: CharTokenizer, extra: 
 
 # ----------------------------------------------------------------------------- data
 
-ROLE_CODES = "LPRZXCDAF"
+ROLE_CODES = "LPROXCDAF"
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps", "vocab_size",
                "max_position_embeddings", "tie_word_embeddings")
@@ -231,15 +231,13 @@ def sample_steps(rng: random.Random, long_on: bool, args) -> int:
 
 def make_batch(rng: random.Random, long_on: bool, args, tok):
     n = sample_steps(rng, long_on, args)
-    diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width,
-                           operand_digits=args.operand_digits)
+    diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width)
     # Once long problems are on, short ones start at a random label so that every label is
     # trained cheaply (long problems alone reach the late letters rarely).
     first = rng.randint(0, task.MAX_STEPS - n) if args.label_offsets and long_on and n <= 6 else 0
-    case = "upper" if args.prompt_upper else "lower"
-    exs = [task.generate(rng, diff, first, case)]
+    exs = [task.generate(rng, diff, first)]
     length = len(exs[0].prompt) + len(exs[0].target) + 2  # the same for every problem of diff
-    exs += [task.generate(rng, diff, first, case)
+    exs += [task.generate(rng, diff, first)
             for _ in range(max(1, args.batch_tokens // length) - 1)]
     return encode_batch(tok, exs)
 
@@ -278,8 +276,7 @@ def eval_batches(tok, seed: int, count: int, lo: int, hi: int, args, per_batch: 
     by_n: dict[int, list] = {}
     for _ in range(count):
         n = rng.randint(lo, hi)
-        diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width,
-                               operand_digits=args.operand_digits)
+        diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width)
         by_n.setdefault(n, []).append(task.generate(rng, diff))
     for n in sorted(by_n):
         exs = by_n[n]
@@ -322,7 +319,6 @@ def main() -> int:
     p.add_argument("--ffn", type=int, default=384)
     p.add_argument("--rope-theta", type=float, default=100000.0)
     p.add_argument("--width", type=int, default=task.Difficulty().width)
-    p.add_argument("--operand-digits", type=int, default=task.Difficulty().operand_digits)
     p.add_argument("--max-steps", type=int, default=23, help="longest training problem")
     p.add_argument("--gate", type=float, default=0.95,
                    help="curriculum: train on 1-4 step problems until the plan copies (P) and "
@@ -334,9 +330,9 @@ def main() -> int:
     p.add_argument("--label-offsets", type=int, default=1,
                    help="once long problems are on, start the labels of short problems at a "
                         "random letter (1) or always at A (0)")
-    p.add_argument("--prompt-upper", type=int, default=1,
-                   help="prompt labels in upper case as in the splits (1) or lower case (0, "
-                        "task version 2)")
+    p.add_argument("--init-from", default="",
+                   help="start from the weights of this checkpoint directory (same shapes) "
+                        "instead of a random initialization")
     p.add_argument("--at", action="append", default=[], metavar="STEP:KEY=VALUE[,KEY=VALUE]",
                    help="change numeric options from STEP on (replays a run whose options "
                         "were changed on resume), e.g. --at 2951:total_tokens=30e6")
@@ -403,6 +399,10 @@ def main() -> int:
             model.load_state_dict(load_safetensors_f32(os.path.join(args.out,
                                                                     "model.safetensors")))
         emit({"event": "resume", "step": step, "tokens_seen": tokens_seen, "best": best})
+    elif args.init_from:
+        model.load_state_dict(load_safetensors_f32(os.path.join(args.init_from,
+                                                                "model.safetensors")))
+        emit({"event": "init_from", "dir": args.init_from})
     n_params = sum(p_.numel() for p_ in model.parameters())
     emit({"event": "start", "params": n_params, "config": cfg, "args": vars(args)})
 

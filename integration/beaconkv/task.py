@@ -1,39 +1,40 @@
 """Seeded, versioned generator of "plan-and-execute" problems for the tiny reasoner.
 
-A problem is a chain of additions and subtractions of K-digit operands on one W-digit register
-(arithmetic modulo 10**W). Every number is written least-significant digit first and
+A problem is a chain of additions and subtractions of one-digit operands on one W-digit
+register (arithmetic modulo 10**W). Every number is written least-significant digit first and
 zero-padded, so that each digit of a result sits at a fixed distance from the digits it is
 computed from.
 
-Prompt: the operations, each with a unique label, in shuffled order (K = 3)::
+Every operation is written as ONE code token: ``a``..``j`` add 0..9, ``k``..``t`` subtract 0..9
+(CODES). Prompt: the operations, each with a unique uppercase label, in shuffled order::
 
-    C+410;A+532;B-700;
+    Cc;Ac;Bq;
 
 Target (what the model writes):
 
 * the **plan**: the operations in chain order, then the label of the answer step with ``?``.
-  Writing plan line ``B`` copies prompt item ``B`` (a label-keyed copy)::
+  Writing plan line ``B`` copies the code after prompt label ``B``::
 
-      A+532
-      B-700
-      C+410
+      Ac
+      Bq
+      Cc
       D?
 
-* the **execution**, one block of four rows per operation::
+* the **execution**, one block of five rows per operation::
 
-      B-7000000000     header: re-reads plan line B far back (the retrieval tokens "-700"),
-                       then pads the operand with zeros to W digits (local)
-      |5320000000      register before the step (copy of the previous result row)
-      -0000111111      carries (``+``) or borrows (``-``), c_0 .. c_{W-1}
-      =8329999999      register after the step
+      Bq               header: re-reads plan line B far back (the retrieval token "q")
+      -6000000000      the operand the code stands for, padded to W digits (local decode)
+      |2000000000      register before the step (copy of the previous result row)
+      -0111111111      carries (``+``) or borrows (``-``), c_0 .. c_{W-1}
+      =6999999999      register after the step
 
 * the **answer**: the header ``D?`` re-read from the plan, then ``#`` and the register.
 
-Every far-back retrieval is keyed by a single-token label, because tiny models learn
-label-keyed copies but not lookups keyed by names that occur in several places. A label occurs
-once in the prompt and once in the plan with the same operation after it, so a copy from either
-is right. (Version 2 wrote the prompt's labels in lowercase; a model then learns the plan copy
-upper->lower but does not transfer it to the headers' upper->upper copy.)
+Every far-back retrieval is ONE token right after a single-token label, the copy a small
+transformer learns with an induction head. Version 3 re-read a 4-token operation after the
+label; a 4-layer model learned the first token but not the digits behind it at distances beyond
+~250 tokens (docs/testbed.md). A label occurs once in the prompt and once in the plan with the
+same code after it, so a copy from either is right.
 
 Each example carries one role character per target token (the tokenizer is character level,
 so target token i is ``target[i]``); see ROLES.
@@ -48,25 +49,36 @@ import random
 import sys
 from typing import Iterator
 
-TASK_VERSION = "plan-exec-v3"
+TASK_VERSION = "plan-exec-v4"
 
 LABELS_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-LABELS_LOWER = LABELS_UPPER.lower()
 MAX_STEPS = len(LABELS_UPPER) - 1  # the last label is kept for the answer step
-ALPHABET = "\n#+-;=?|0123456789" + LABELS_UPPER + LABELS_LOWER  # every character used
+CODES = {"+": "abcdefghij", "-": "klmnopqrst"}  # CODES[op][digit]
+ALPHABET = "\n#+-;=?|0123456789" + LABELS_UPPER + LABELS_UPPER.lower()  # every character used
 
 # Role of every target character.
 ROLES = {
     "L": "label: plan-line or step label (next letter, locally predictable)",
-    "P": "plan: operation copied from the prompt by its label",
-    "R": "retrieval: header re-reading its plan line far back (keyed by the uppercase label)",
-    "Z": "zero padding of the re-read operand to the register width (local)",
-    "X": "register copy: previous result row, one step (49 tokens at W=10) back",
+    "P": "plan: operation code copied from the prompt by its label",
+    "R": "retrieval: header re-reading its plan line far back (keyed by the label)",
+    "O": "operand row: the operation and digit the header's code stands for, zero padded (local)",
+    "X": "register copy: previous result row, one step (51 tokens at W=10) back",
     "C": "carry or borrow digit (local arithmetic)",
     "D": "result digit (local arithmetic)",
     "A": "answer digit",
     "F": "format: newlines and row prefixes",
 }
+
+
+def encode_op(op: str, digit: int) -> str:
+    return CODES[op][digit]
+
+
+def decode_op(code: str) -> tuple[str, int]:
+    for op, letters in CODES.items():
+        if code in letters:
+            return op, letters.index(code)
+    raise ValueError(f"not an operation code: {code!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +88,6 @@ class Difficulty:
     min_steps: int = 17
     max_steps: int = 21
     width: int = 10  # digits of the register
-    operand_digits: int = 3  # digits of every operand in the prompt and the plan
     ops: str = "+-"
 
     def validate(self) -> None:
@@ -85,8 +96,6 @@ class Difficulty:
                              f"{self.min_steps}..{self.max_steps}")
         if self.width < 1:
             raise ValueError(f"width must be >= 1, got {self.width}")
-        if not 1 <= self.operand_digits <= self.width:
-            raise ValueError(f"operand_digits must be in 1..width, got {self.operand_digits}")
         if not self.ops or set(self.ops) - set("+-"):
             raise ValueError(f"ops must be a non-empty subset of '+-', got {self.ops!r}")
 
@@ -155,52 +164,50 @@ class _Writer:
 
 
 def build_example(ops: list[tuple[str, int]], order: list[int], width: int,
-                  operand_digits: int, first_label: int = 0,
-                  prompt_case: str = "upper") -> Example:
-    """Build prompt, target and roles for operations `ops` (chain order) listed in the prompt
-    in the order `order` (a permutation of range(len(ops))).
+                  first_label: int = 0) -> Example:
+    """Build prompt, target and roles for operations `ops` = [(op, digit)] in chain order,
+    listed in the prompt in the order `order` (a permutation of range(len(ops))).
 
     Labels start at letter `first_label` (0 = A). Splits always use 0; training also uses
-    other starts so that short problems exercise every label. `prompt_case` "lower" gives the
-    version-2 prompts (used early in the shipped model's training)."""
+    other starts so that short problems exercise every label."""
     n = len(ops)
     if not 1 <= n <= MAX_STEPS - first_label or first_label < 0:
         raise ValueError(f"need 1..{MAX_STEPS - first_label} operations when labels start at "
                          f"{first_label}, got {n}")
-    upper = LABELS_UPPER[first_label:]
-    keys = (LABELS_UPPER if prompt_case == "upper" else LABELS_LOWER)[first_label:]
+    labels = LABELS_UPPER[first_label:]
     if sorted(order) != list(range(n)):
         raise ValueError("order must be a permutation of the operation indices")
-    if any(not 0 <= v < 10 ** operand_digits for _, v in ops):
-        raise ValueError(f"operands must have at most {operand_digits} digits")
-    lines = [op + digits_lsb(v, operand_digits) for op, v in ops]
-    pad = "0" * (width - operand_digits)
-    prompt = "".join(keys[k] + lines[k] + ";" for k in order) + "\n"
+    if any(op not in CODES or not 0 <= v <= 9 for op, v in ops):
+        raise ValueError("operations must be ('+' or '-', digit 0..9)")
+    codes = [encode_op(op, v) for op, v in ops]
+    prompt = "".join(labels[k] + codes[k] + ";" for k in order) + "\n"
 
     w = _Writer()
     for k in range(n):
-        w.put(upper[k], "L")
-        w.put(lines[k], "P")
+        w.put(labels[k], "L")
+        w.put(codes[k], "P")
         w.put("\n", "F")
-    w.put(upper[n], "L")
+    w.put(labels[n], "L")
     w.put("?", "P")
     w.put("\n", "F")
 
     register = "0" * width
-    for k, (op, _) in enumerate(ops):
-        w.put(upper[k], "L")
-        w.put(lines[k], "R")
-        w.put(pad, "Z")
+    for k, (op, v) in enumerate(ops):
+        operand = str(v) + "0" * (width - 1)
+        w.put(labels[k], "L")
+        w.put(codes[k], "R")
+        w.put("\n", "F")
+        w.put(op + operand, "O")
         w.put("\n|", "F")
         w.put(register, "X")
         w.put("\n" + op, "F")
-        carries, result = _execute(op, register, lines[k][1:] + pad)
+        carries, result = _execute(op, register, operand)
         w.put(carries, "C")
         w.put("\n=", "F")
         w.put(result, "D")
         w.put("\n", "F")
         register = result
-    w.put(upper[n], "L")
+    w.put(labels[n], "L")
     w.put("?", "R")
     w.put("\n#", "F")
     w.put(register, "A")
@@ -208,27 +215,22 @@ def build_example(ops: list[tuple[str, int]], order: list[int], width: int,
     return Example(prompt=prompt, target=target, answer=register, roles=roles, n_steps=n)
 
 
-def generate(rng: random.Random, diff: Difficulty, first_label: int = 0,
-             prompt_case: str = "upper") -> Example:
+def generate(rng: random.Random, diff: Difficulty, first_label: int = 0) -> Example:
     diff.validate()
     n = rng.randint(diff.min_steps, diff.max_steps)
-    ops = []
-    for _ in range(n):
-        op = rng.choice(diff.ops)
-        ops.append((op, rng.randrange(10 ** diff.operand_digits)))
+    ops = [(rng.choice(diff.ops), rng.randrange(10)) for _ in range(n)]
     order = list(range(n))
     rng.shuffle(order)
-    return build_example(ops, order, diff.width, diff.operand_digits, first_label, prompt_case)
+    return build_example(ops, order, diff.width, first_label)
 
 
 def reference_answer(prompt: str, width: int) -> str:
     """Solve a prompt directly (independent of the target writer): the final register."""
     items = [it for it in prompt.strip().split(";") if it]
-    chain = sorted(items, key=lambda it: it[0])
     value = 0
-    for it in chain:
-        y = value_lsb(it[2:])
-        value = value + y if it[1] == "+" else value - y
+    for it in sorted(items, key=lambda it: it[0]):
+        op, y = decode_op(it[1])
+        value = value + y if op == "+" else value - y
     return digits_lsb(value % 10 ** width, width)
 
 
@@ -270,10 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-steps", type=int, default=d.min_steps)
     p.add_argument("--max-steps", type=int, default=d.max_steps)
     p.add_argument("--width", type=int, default=d.width)
-    p.add_argument("--operand-digits", type=int, default=d.operand_digits)
     p.add_argument("--ops", default=d.ops)
     a = p.parse_args(argv)
-    diff = Difficulty(a.min_steps, a.max_steps, a.width, a.operand_digits, a.ops)
+    diff = Difficulty(a.min_steps, a.max_steps, a.width, a.ops)
     try:
         diff.validate()
     except ValueError as e:

@@ -17,24 +17,35 @@ def _example(seed=0, **kw):
 
 
 def test_worked_example_is_exact():
-    # Chain: +120, -7737, +12 on a 6-digit register with 4-digit operands; prompt shuffled.
-    ops = [("+", 120), ("-", 7737), ("+", 12)]
-    ex = task.build_example(ops, order=[2, 0, 1], width=6, operand_digits=4)
-    assert ex.prompt == "C+2100;A+0210;B-7377;\n"
-    assert ex.target.split("\n")[:4] == ["A+0210", "B-7377", "C+2100", "D?"]
-    # 120 - 7737 = -7617 = 992383 (mod 10**6), then + 12 = 992395.
-    assert ex.answer == task.digits_lsb(992395, 6) == "593299"
-    block_b = ex.target.split("\n")[8:12]
-    assert block_b == ["B-737700", "|021000", "-011111", "=383299"]
-    assert ex.roles[ex.target.index("B-737700"):][:9] == "LRRRRRZZF"
-    assert ex.target.endswith("D?\n#593299")
+    # Chain: +2, -7, +9 on a 4-digit register; prompt shuffled.
+    ops = [("+", 2), ("-", 7), ("+", 9)]
+    ex = task.build_example(ops, order=[2, 0, 1], width=4)
+    assert ex.prompt == "Cj;Ac;Br;\n"
+    assert ex.target.split("\n")[:4] == ["Ac", "Br", "Cj", "D?"]
+    # 2 - 7 = -5 = 9995 (mod 10**4), then + 9 = 10004 = 0004.
+    assert ex.answer == task.digits_lsb(4, 4) == "4000"
+    block_b = ex.target.split("\n")[9:14]
+    assert block_b == ["Br", "-7000", "|2000", "-0111", "=5999"]
+    start = ex.target.index("Br\n-")
+    assert ex.roles[start:start + 10] == "LRFOOOOOFF"
+    assert ex.target.endswith("D?\n#4000")
     assert task.extract_answer(ex.target) == ex.answer
+
+
+def test_codes_round_trip_and_are_single_characters():
+    for op in "+-":
+        for digit in range(10):
+            code = task.encode_op(op, digit)
+            assert len(code) == 1 and code in task.ALPHABET
+            assert task.decode_op(code) == (op, digit)
+    with pytest.raises(ValueError, match="not an operation code"):
+        task.decode_op("z")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7, 123])
 @pytest.mark.parametrize("width", [1, 3, 10])
 def test_answer_matches_independent_solver(seed, width):
-    ex = _example(seed, min_steps=1, max_steps=9, width=width, operand_digits=width)
+    ex = _example(seed, min_steps=1, max_steps=9, width=width)
     assert task.reference_answer(ex.prompt, width) == ex.answer
     assert task.extract_answer(ex.target) == ex.answer
 
@@ -46,16 +57,17 @@ def test_every_row_of_every_step_is_consistent():
     plan = {ln[0]: ln[1:] for ln in lines[:n]}
     register = "0" * 10
     for k in range(n):
-        head, xrow, crow, rrow = lines[n + 1 + 4 * k: n + 5 + 4 * k]
-        label, op, y = head[0], head[1], head[2:]
-        assert head[1:5] == plan[label]  # the header re-reads its plan line verbatim
-        assert head[5:] == "0" * 7  # and pads the 3-digit operand to the register width
+        head, orow, xrow, crow, rrow = lines[n + 1 + 5 * k: n + 6 + 5 * k]
+        assert len(head) == 2 and head[1] == plan[head[0]]  # re-reads its plan line verbatim
+        op, digit = task.decode_op(head[1])
+        assert orow == op + str(digit) + "0" * 9  # the operand the code stands for, padded
         assert xrow == "|" + register
         assert crow[0] == op and crow[1] == "0"
-        x, yv = task.value_lsb(register), task.value_lsb(y)
-        expect = (x + yv if op == "+" else x - yv) % 10 ** 10
+        x = task.value_lsb(register)
+        expect = (x + digit if op == "+" else x - digit) % 10 ** 10
         assert rrow == "=" + task.digits_lsb(expect, 10)
         register = rrow[1:]
+    assert lines[n + 1 + 5 * n:] == [task.LABELS_UPPER[n] + "?", "#" + register]
 
 
 def test_roles_mark_exactly_the_far_back_copies():
@@ -65,16 +77,17 @@ def test_roles_mark_exactly_the_far_back_copies():
     lines = ex.target.split("\n")
     plan_len = sum(len(ln) + 1 for ln in lines[: ex.n_steps + 1])
     retrieved = "".join(ex.target[i] for i in ex.retrieval_positions())
-    # The retrieval tokens are exactly the plan lines minus their labels, in step order.
-    expect = "".join(ln[1:] for ln in lines[: ex.n_steps + 1])
-    assert retrieved == expect
+    # The retrieval tokens are exactly the plan lines' codes (and the final "?"), in step order.
+    assert retrieved == "".join(ln[1:] for ln in lines[: ex.n_steps + 1])
     assert all(i >= plan_len for i in ex.retrieval_positions())
-    # Each retrieved token equals the plan token with the same label and offset.
+    # Each is ONE token right after its label, equal to the token after the same label in the
+    # plan and in the prompt.
     for i in ex.retrieval_positions():
-        line_start = ex.target.rfind("\n", 0, i) + 1
-        label, offset = ex.target[line_start], i - line_start
-        src = ex.target.index(label)  # first occurrence: the plan line
-        assert ex.target[src + offset] == ex.target[i]
+        label = ex.target[i - 1]
+        assert ex.roles[i - 1] == "L"
+        assert ex.target[ex.target.index(label) + 1] == ex.target[i]
+        if label in ex.prompt:
+            assert ex.prompt[ex.prompt.index(label) + 1] == ex.target[i]
 
 
 def test_labels_are_unique_keys():
@@ -86,14 +99,6 @@ def test_labels_are_unique_keys():
         item = ex.prompt[ex.prompt.index(ch):].split(";")[0]
         assert plan[plan.index(ch):].split("\n")[0] == item
     assert plan.count(task.LABELS_UPPER[ex.n_steps]) == 1
-
-
-def test_version_2_prompts_use_lowercase_labels():
-    a = task.generate(random.Random(4), task.Difficulty(min_steps=3, max_steps=3))
-    b = task.generate(random.Random(4), task.Difficulty(min_steps=3, max_steps=3),
-                      prompt_case="lower")
-    assert b.prompt == a.prompt.translate(str.maketrans("ABC", "abc"))
-    assert b.target == a.target
 
 
 def test_generation_is_deterministic_and_seed_dependent():
@@ -112,7 +117,7 @@ def test_default_difficulty_gives_long_traces():
 
 @pytest.mark.parametrize("bad", [
     dict(min_steps=0), dict(min_steps=5, max_steps=4), dict(max_steps=task.MAX_STEPS + 1),
-    dict(width=0), dict(operand_digits=11), dict(operand_digits=0), dict(ops="*"),
+    dict(width=0), dict(ops="*"), dict(ops=""),
 ])
 def test_difficulty_validation(bad):
     with pytest.raises(ValueError):
@@ -160,6 +165,13 @@ def test_first_label_shifts_every_label_and_keeps_the_work():
     assert shifted.target.split("\n")[:4] == [
         "U" + base.target.split("\n")[0][1:], "V" + base.target.split("\n")[1][1:],
         "W" + base.target.split("\n")[2][1:], "X?"]
+    assert shifted.prompt.translate(str.maketrans("UVWX", "ABCD")) == base.prompt
     assert shifted.answer == base.answer and shifted.roles == base.roles
     with pytest.raises(ValueError):
         task.generate(random.Random(8), d, first_label=task.MAX_STEPS - 2)
+
+
+@pytest.mark.parametrize("ops", [[("*", 1)], [("+", 10)], [("-", -1)]])
+def test_bad_operations_are_rejected(ops):
+    with pytest.raises(ValueError, match="operations must be"):
+        task.build_example(ops, order=[0], width=4)
