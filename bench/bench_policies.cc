@@ -51,7 +51,7 @@ PolicyConfig ConfigFor(const std::string& name) {
     c.window = 32;
     return c;
   }
-  BeaconConfig c;  // defaults: 16 recent + 16 beacons, buffer 256 -> 64
+  BeaconConfig c;  // defaults: 48 recent + 256 beacons, buffer 512 -> 256
   c.budget = kBudget;
   return c;
 }
@@ -65,8 +65,8 @@ std::unique_ptr<PolicyState> ObservedState(const std::string& name) {
   }
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  // 100 decode steps: fills the rings and takes the beacon buffers through one FPS
-  // reduction (400 queries per head: 256 -> 64, then 144 more).
+  // 100 decode steps: fills the rings (48 steps) and puts 400 queries into every beacon
+  // buffer (below buffer_max 512: beacons are the first 256 points of an FPS over 400).
   std::vector<float> pre(kGroup * kHeadDim), post(kGroup * kHeadDim);
   for (int32_t s = 0; s < 100; ++s) {
     for (int32_t l = 0; l < kLayers; ++l) {

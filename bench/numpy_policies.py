@@ -142,7 +142,7 @@ def fps_cosine(points, count):
 class BeaconBuffer:
     """The per-head pre-RoPE query buffer (append; FPS to buffer_min at buffer_max)."""
 
-    def __init__(self, head_dim, buffer_min=64, buffer_max=256):
+    def __init__(self, head_dim, buffer_min=256, buffer_max=512):
         self.buf = np.zeros((0, head_dim), np.float32)
         self.buffer_min, self.buffer_max = buffer_min, buffer_max
 
@@ -166,8 +166,8 @@ def beacon_scores(keys, recent_queries, beacons, pool_kernel=1):
     return pool1d(s, "max", pool_kernel)
 
 
-def beacon_keep(keys, recent_queries, beacons, budget, prompt_len=0, n_recent=16,
-                n_sinks=4, protect_prompt=True, pool_kernel=1):
+def beacon_keep(keys, recent_queries, beacons, budget, prompt_len=0, n_recent=48,
+                n_sinks=4, protect_prompt=False, pool_kernel=1):
     n = keys.shape[0]
     if n <= budget:
         return np.arange(n)

@@ -67,10 +67,10 @@ def run_cpp():
 def numpy_data(layers):
     rng = np.random.default_rng(20260904)
     keys = rng.standard_normal((layers, KV_HEADS, TOKENS, HEAD_DIM), dtype=np.float32)
-    window_q = rng.standard_normal((layers, KV_HEADS, 32, GROUP, HEAD_DIM), dtype=np.float32)
-    recent_q = window_q[:, :, -16:]
-    # Beacon buffers as after one FPS reduction: 64 + 144 pre-RoPE queries per head.
-    buffers = rng.standard_normal((layers, KV_HEADS, 208, HEAD_DIM), dtype=np.float32)
+    recent_q = rng.standard_normal((layers, KV_HEADS, 48, GROUP, HEAD_DIM), dtype=np.float32)
+    window_q = recent_q[:, :, -32:]
+    # Beacon buffers as in bench_policies: 400 pre-RoPE queries per head (below buffer_max).
+    buffers = rng.standard_normal((layers, KV_HEADS, 400, HEAD_DIM), dtype=np.float32)
     return keys, window_q, recent_q, buffers
 
 
@@ -106,11 +106,11 @@ def event_rkv(keys, window_q, **_):
 
 def event_beacon(keys, recent_q, buffers, **_):
     protect = np.zeros(TOKENS, bool)
-    protect[:PROMPT] = True
-    protect[TOKENS - 16:] = True
+    protect[:4] = True  # sinks: the prompt is not protected by default
+    protect[TOKENS - 48:] = True
     out = []
     for l in range(keys.shape[0]):
-        beacons = np.stack([ref.rope(buffers[l, h][ref.fps_cosine(buffers[l, h], 16)],
+        beacons = np.stack([ref.rope(buffers[l, h][ref.fps_cosine(buffers[l, h], 256)],
                                      TOKENS - 1, 1e6) for h in range(KV_HEADS)])
         rows = np.concatenate([recent_q[l].reshape(KV_HEADS, -1, HEAD_DIM), beacons], axis=1)
         s = ref.attention_scores(keys[l], rows[:, :, None, :], "max_probs", "max")
@@ -154,9 +154,9 @@ def main():
               f"{r['cpp_cpu_ms']:8.1f} {r['numpy_cpu_ms']:10.1f} {r['speedup_cpu']:6.2f} | "
               f"{r['state_MiB_per_seq']:13.1f}")
     print("ratio = NumPy time / C++ time (> 1: C++ faster)")
-    beacon_buffer = LAYERS * KV_HEADS * 256 * HEAD_DIM * 4 / 2**20
+    beacon_buffer = LAYERS * KV_HEADS * 512 * HEAD_DIM * 4 / 2**20
     print(f"beacon buffers at capacity: {beacon_buffer:.1f} MiB per sequence "
-          f"(256 x {HEAD_DIM} float32 per (layer, kv_head)); the rest of the beacon state is "
+          f"(512 x {HEAD_DIM} float32 per (layer, kv_head)); the rest of the beacon state is "
           f"the recent-query rings")
     print(f"beacon per-step observe (all {LAYERS * KV_HEADS} heads, FPS amortised): "
           f"{cpp['beacon_observe_step_us']:.0f} us")

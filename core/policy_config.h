@@ -85,17 +85,20 @@ struct RpcConfig {
   Pooling pooling = Pooling::kAvg;
 };
 
-// BeaconKV (DESIGN.md §3).
+// BeaconKV (DESIGN.md §3). n_recent, n_beacons, buffer_min and protect_prompt were tuned on
+// the tiny reasoner's dev split (docs/results/accuracy.md): DESIGN's 16 / 16 / 64 (max 256) /
+// true lost most revisits (16 beacons cover too few of the distinct re-read targets; a protected
+// prompt spends the budget on tokens the model also finds in its own plan).
 struct BeaconConfig {
   int32_t budget = 2048;
   int32_t interval = 128;
-  int32_t n_recent = 16;     // recent post-RoPE queries per query head; newest tokens kept
-  int32_t n_beacons = 16;    // beacons drawn from the buffer at each compression
-  int32_t buffer_max = 256;  // pre-RoPE queries buffered per (layer, kv_head) before FPS
-  int32_t buffer_min = 64;   // size FPS reduces the buffer to
-  int32_t pool_kernel = 1;   // max-pooling over neighbouring tokens; 1 = off
-  bool protect_prompt = true;
-  int32_t n_sinks = 4;  // first tokens kept when the prompt is not protected
+  int32_t n_recent = 48;        // recent post-RoPE queries per query head; newest tokens kept
+  int32_t n_beacons = 256;      // beacons drawn from the buffer at each compression
+  int32_t buffer_max = 512;     // pre-RoPE queries buffered per (layer, kv_head) before FPS
+  int32_t buffer_min = 256;     // size FPS reduces the buffer to
+  int32_t pool_kernel = 1;      // max-pooling over neighbouring tokens; 1 = off
+  bool protect_prompt = false;  // true: keep the prompt whenever it fits beside n_recent
+  int32_t n_sinks = 4;          // first tokens kept when the prompt is not protected
   BudgetMode budget_mode = BudgetMode::kUniform;
 };
 

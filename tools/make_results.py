@@ -9,7 +9,8 @@ and ``teacher_forced`` fields are used) and writes
 
 * RESULTS/accuracy.md: one row per policy x budget: greedy accuracy (and as a share of the
   full cache's), mean generated length, peak retained KV per sequence, compression ratio, and,
-  where a teacher-forced run exists, token agreement, retrieval accuracy (and as a share of
+  where a teacher-forced run exists, the exact-trace rate (every reference token is the
+  policy's argmax, so greedy decoding would reproduce the trace), token agreement, retrieval accuracy (and as a share of
   the full cache's) and mean KL. Only the block between the two markers below is rewritten,
   so text written around the table survives a re-run.
 * RESULTS/accuracy_vs_compression.png: accuracy vs compression ratio, one line per policy
@@ -75,8 +76,8 @@ def table(rows: dict) -> str:
     head = ["policy", "budget", "problems", "accuracy", "vs full", "mean generated",
             "peak KV / seq (tokens per head)", "compression"]
     if any_tf:
-        head += ["token agreement", "retrieval acc.", "retrieval vs full", "mean KL",
-                 "compression (TF)"]
+        head += ["exact traces (TF)", "token agreement", "retrieval acc.", "retrieval vs full",
+                 "mean KL", "compression (TF)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in sorted(rows, key=sort_key):
         g, t = rows[key].get("greedy"), rows[key].get("tf")
@@ -91,12 +92,13 @@ def table(rows: dict) -> str:
             cells += ["–"] * 5
         if any_tf:
             if t:
-                cells += [fmt(t["token_agreement"], ".4f"), fmt(t["retrieval_accuracy"]),
+                cells += [fmt(t["accuracy"]), fmt(t["token_agreement"], ".4f"),
+                          fmt(t["retrieval_accuracy"]),
                           fmt(share(t["retrieval_accuracy"], t.get("full_retrieval_accuracy")),
                               ".1%"),
                           fmt(t["mean_kl"], ".4f"), fmt(t["compression_ratio"], ".2f") + "×"]
             else:
-                cells += ["–"] * 5
+                cells += ["–"] * 6
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -62,7 +62,7 @@ ROLES = {
     "P": "plan: operation code copied from the prompt by its label",
     "R": "retrieval: header re-reading its plan line far back (keyed by the label)",
     "O": "operand row: the operation and digit the header's code stands for, zero padded (local)",
-    "X": "register copy: previous result row, one step (51 tokens at W=10) back",
+    "X": "register copy: the previous step's result row, 27 tokens back at W=10",
     "C": "carry or borrow digit (local arithmetic)",
     "D": "result digit (local arithmetic)",
     "A": "answer digit",

@@ -225,6 +225,7 @@ TEST(PolicyHandWorked, BeaconKeepsWhatTheBeaconsPredict) {
   cfg.buffer_max = 4;
   cfg.buffer_min = 2;
   cfg.n_sinks = 0;
+  cfg.protect_prompt = true;  // the prompt (position 0) fits beside the recent window
   ExpectKept(cfg, BeaconCase(), {0, 3, 5, 8, 9});
 
   SnapKvConfig snap;
@@ -242,6 +243,7 @@ TEST(PolicyHandWorked, BeaconWithoutBeaconsIsRecentOnly) {
   cfg.n_sinks = 0;
   cfg.buffer_max = 4;
   cfg.buffer_min = 2;
+  cfg.protect_prompt = true;
   ExpectKept(cfg, BeaconCase(), {0, 5, 7, 8, 9});
 }
 

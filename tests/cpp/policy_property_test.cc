@@ -101,7 +101,7 @@ std::set<int32_t> MustKeep(const PolicyConfig& config, const HeadCase& c) {
           newest(cfg.window);
         } else if constexpr (std::is_same_v<T, BeaconConfig>) {
           newest(cfg.n_recent);
-          oldest(prompt + cfg.n_recent <= cfg.budget ? prompt : cfg.n_sinks);
+          oldest(cfg.protect_prompt && prompt + cfg.n_recent <= cfg.budget ? prompt : cfg.n_sinks);
         }
       },
       config);
@@ -275,11 +275,11 @@ TEST(PolicyConfigTest, NamesAndInvalidConfigurations) {
   EXPECT_NE(unknown.status().message().find("lru"), std::string::npos);
 
   BeaconConfig b;
-  b.budget = 10;  // < n_recent 16 + n_sinks 4
+  b.budget = 40;  // < n_recent 48 + n_sinks 4
   EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(ValidatePolicyConfig(b).message().find("protected"), std::string::npos);
   b = BeaconConfig{};
-  b.buffer_min = 300;
+  b.buffer_min = 600;  // >= buffer_max 512
   EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(ValidatePolicyConfig(b).message().find("buffer_min"), std::string::npos);
   b = BeaconConfig{};

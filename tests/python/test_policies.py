@@ -42,8 +42,8 @@ def test_config_classes_round_trip(name):
 def test_documented_defaults():
     b = beaconkv.BeaconConfig()
     assert (b.budget, b.interval, b.n_recent, b.n_beacons, b.buffer_max, b.buffer_min) == (
-        2048, 128, 16, 16, 256, 64)
-    assert (b.pool_kernel, b.protect_prompt, b.budget_mode) == (1, True, "uniform")
+        2048, 128, 48, 256, 512, 256)
+    assert (b.pool_kernel, b.protect_prompt, b.budget_mode) == (1, False, "uniform")
     r = beaconkv.RKVConfig()
     assert (r.window, r.pool_kernel, r.lambda_, r.redundancy_threshold) == (8, 7, 0.1, 0.5)
     s = beaconkv.SnapKVConfig()
@@ -60,7 +60,7 @@ def test_invalid_configurations_raise_value_error():
     with pytest.raises(ValueError, match="smaller than the protected tokens"):
         beaconkv.BeaconConfig(budget=8).validate()
     with pytest.raises(ValueError, match="buffer_min"):
-        beaconkv.BeaconConfig(buffer_min=300).validate()
+        beaconkv.BeaconConfig(buffer_min=600).validate()
     with pytest.raises(ValueError, match="no knob 'bogus'"):
         beaconkv.BeaconConfig(bogus=1)
     with pytest.raises(ValueError, match="pooled"):
@@ -119,10 +119,10 @@ def test_beacon_matches_numpy(seed):
         buf.append(step)
     beacons = buf.beacons(8, 256, theta)
     want = ref.beacon_keep(keys, post[-16:], beacons, 96, prompt_len=7, n_recent=16,
-                           pool_kernel=3)
+                           protect_prompt=True, pool_kernel=3)
     got = beaconkv.run_policy(
-        beaconkv.BeaconConfig(budget=96, n_beacons=8, buffer_min=16, buffer_max=48,
-                              pool_kernel=3),
+        beaconkv.BeaconConfig(budget=96, n_recent=16, n_beacons=8, buffer_min=16, buffer_max=48,
+                              protect_prompt=True, pool_kernel=3),
         keys, np.arange(257), prompt_len=7, queries_pre=pre, queries_post=post,
         rope_theta=theta)
     np.testing.assert_array_equal(got, want)
@@ -138,7 +138,8 @@ def test_apply_rope_matches_numpy_and_beacon_rotation():
 def test_stateful_policy_drives_compression():
     d, g, layers, heads = 8, 2, 2, 2
     pol = beaconkv.Policy(beaconkv.BeaconConfig(budget=24, interval=8, n_recent=4, n_sinks=2,
-                                                n_beacons=4, buffer_max=16, buffer_min=8),
+                                                n_beacons=4, buffer_max=16, buffer_min=8,
+                                                protect_prompt=True),
                           num_layers=layers, num_kv_heads=heads, group_size=g, head_dim=d,
                           rope_theta=1e4, prompt_len=4)
     assert pol.name == "beacon" and not pol.needs_keys_on_observe
