@@ -54,7 +54,9 @@ TASK_VERSION = "plan-exec-v4"
 LABELS_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 MAX_STEPS = len(LABELS_UPPER) - 1  # the last label is kept for the answer step
 CODES = {"+": "abcdefghij", "-": "klmnopqrst"}  # CODES[op][digit]
-ALPHABET = "\n#+-;=?|0123456789" + LABELS_UPPER + LABELS_UPPER.lower()  # every character used
+# Every character a problem can contain, plus lowercase u..z (unused since version 4), kept so
+# that the vocabulary and token ids match the checkpoint version 4 was fine-tuned from.
+ALPHABET = "\n#+-;=?|0123456789" + LABELS_UPPER + LABELS_UPPER.lower()
 
 # Role of every target character.
 ROLES = {
