@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/beacon_bank.h"
 #include "core/policy.h"
 
 namespace beaconkv {
@@ -144,6 +145,26 @@ void BM_BeaconObserveStep(benchmark::State& bench) {
 }
 
 BENCHMARK(BM_BeaconObserveStep)->Unit(benchmark::kMicrosecond)->Iterations(480);
+
+// One cosine FPS (the beacon buffer's reduction and beacon draw): points, head_dim, picks.
+void BM_Fps(benchmark::State& bench) {
+  const auto n = static_cast<int32_t>(bench.range(0));
+  const auto d = static_cast<int32_t>(bench.range(1));
+  const auto count = static_cast<int32_t>(bench.range(2));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> pts(static_cast<size_t>(n) * d);
+  for (float& x : pts) x = dist(rng);
+  for (auto _ : bench) {
+    benchmark::DoNotOptimize(CosineFarthestPointOrder(pts.data(), n, d, count));
+  }
+}
+
+BENCHMARK(BM_Fps)
+    ->ArgNames({"n", "dim", "picks"})
+    ->Args({512, 32, 256})
+    ->Args({512, 128, 256})
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace beaconkv

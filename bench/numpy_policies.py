@@ -166,8 +166,24 @@ def beacon_scores(keys, recent_queries, beacons, pool_kernel=1):
     return pool1d(s, "max", pool_kernel)
 
 
+def coverage_sample(positions, protect, k):
+    """One unprotected index per non-empty stratum of k equal stretches of [lo, hi] (the first
+    and last unprotected positions): the first one in each; all of them if there are <= k."""
+    free = np.nonzero(~protect)[0]
+    if k <= 0:
+        return free[:0]
+    if len(free) <= k:
+        return free
+    lo, hi = int(positions[free[0]]), int(positions[free[-1]])
+    strata = (positions[free].astype(np.int64) - lo) * k // (hi - lo + 1)
+    first = np.concatenate([[True], strata[1:] != strata[:-1]])
+    return free[first]
+
+
 def beacon_keep(keys, recent_queries, beacons, budget, prompt_len=0, n_recent=48,
-                n_sinks=4, protect_prompt=False, pool_kernel=1):
+                n_sinks=4, protect_prompt=False, pool_kernel=1, coverage=False):
+    """coverage: the head is in one of the first `coverage_layers` layers (evenly spaced
+    sample kept first, the rest by score)."""
     n = keys.shape[0]
     if n <= budget:
         return np.arange(n)
@@ -177,4 +193,8 @@ def beacon_keep(keys, recent_queries, beacons, budget, prompt_len=0, n_recent=48
     head = prompt if protect_prompt and prompt + n_recent <= budget else min(n_sinks, n)
     protect[:head] = True
     protect[max(n - n_recent, 0):] = True
+    if coverage:
+        sample = coverage_sample(np.arange(n), protect, budget - int(protect.sum()))
+        scores = scores.copy()
+        scores[sample] += np.float32(2)
     return select(scores, protect, budget)

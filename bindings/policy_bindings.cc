@@ -322,7 +322,7 @@ void BindPolicies(py::module_& m) {
   BindConfig<BeaconConfig>(
       m, "BeaconConfig", "BeaconKV (DESIGN.md section 3).",
       {"budget", "interval", "n_recent", "n_beacons", "buffer_max", "buffer_min", "pool_kernel",
-       "protect_prompt", "n_sinks", "budget_mode"})
+       "protect_prompt", "n_sinks", "budget_mode", "coverage_layers"})
       .def_readwrite("budget", &BeaconConfig::budget)
       .def_readwrite("interval", &BeaconConfig::interval)
       .def_readwrite("n_recent", &BeaconConfig::n_recent)
@@ -332,6 +332,7 @@ void BindPolicies(py::module_& m) {
       .def_readwrite("pool_kernel", &BeaconConfig::pool_kernel)
       .def_readwrite("protect_prompt", &BeaconConfig::protect_prompt)
       .def_readwrite("n_sinks", &BeaconConfig::n_sinks)
+      .def_readwrite("coverage_layers", &BeaconConfig::coverage_layers)
       .def_property(
           "budget_mode",
           [](const BeaconConfig& c) { return std::string(BudgetModeName(c.budget_mode)); },

@@ -39,13 +39,9 @@ std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, in
     for (int32_t d = 0; d < dim; ++d) mean[d] += row(i)[d];
   }
   const std::vector<float> mean_dir = Normalised(mean.data(), 1, dim);
-  // cos[i] = unit_i . v for every point at once (one GEMV per chosen point).
   std::vector<float> cos(n);
-  auto cosines_to = [&](const float* v) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, dim, 1.0f, unit.data(), dim, v, 1, 0.0f, cos.data(),
-                1);
-  };
-  cosines_to(mean_dir.data());
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, n, dim, 1.0f, unit.data(), dim, mean_dir.data(), 1, 0.0f,
+              cos.data(), 1);
   int32_t seed = 0;
   float best = -1.0f;
   for (int32_t i = 0; i < n; ++i) {
@@ -56,27 +52,32 @@ std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, in
     }
   }
 
-  std::vector<uint8_t> chosen(n, 0);
-  std::vector<float> min_dist(n, 0.0f);
-  chosen[seed] = 1;
-  order.push_back(seed);
-  cosines_to(row(seed));
-  for (int32_t i = 0; i < n; ++i) min_dist[i] = 1.0f - cos[i];
-  while (static_cast<int32_t>(order.size()) < count) {
-    int32_t next = -1;
-    float far = 0.0f;
-    for (int32_t i = 0; i < n; ++i) {
-      if (chosen[i]) continue;
-      if (next < 0 || min_dist[i] > far) {
-        next = i;
-        far = min_dist[i];
-      }
-    }
-    chosen[next] = 1;
-    order.push_back(next);
+  // One GEMV per pick: the cosines of every point to the newest pick.
+  auto cosines_to = [&](int32_t i) -> const float* {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, dim, 1.0f, unit.data(), dim, row(i), 1, 0.0f,
+                cos.data(), 1);
+    return cos.data();
+  };
+
+  // min_dist of a chosen point is -1, below every cosine distance (>= 0 up to rounding), so
+  // it is never picked again. Each pick: a min update and a max (both vectorise), then the
+  // first index holding the max (ties go to the earliest point).
+  constexpr float kChosen = -1.0f;
+  std::vector<float> min_dist(n, 2.0f);
+  float* md = min_dist.data();
+  int32_t pick = seed;
+  for (;;) {
+    order.push_back(pick);
+    md[pick] = kChosen;
     if (static_cast<int32_t>(order.size()) == count) break;
-    cosines_to(row(next));
-    for (int32_t i = 0; i < n; ++i) min_dist[i] = std::min(min_dist[i], 1.0f - cos[i]);
+    const float* c = cosines_to(pick);
+    float far = kChosen;
+    for (int32_t i = 0; i < n; ++i) {
+      md[i] = std::min(md[i], 1.0f - c[i]);
+      far = std::max(far, md[i]);
+    }
+    pick = 0;
+    while (md[pick] != far) ++pick;
   }
   return order;
 }
@@ -118,9 +119,10 @@ int32_t BeaconBank::Beacons(int32_t n_beacons, const Rope& rope, int64_t positio
   out->resize(static_cast<size_t>(n) * head_dim_);
   const std::vector<int32_t> order = CosineFarthestPointOrder(buffer_.data(), size_, head_dim_, n);
   for (int32_t b = 0; b < n; ++b) {
-    rope.Rotate(buffer_.data() + static_cast<size_t>(order[b]) * head_dim_, position,
+    std::copy_n(buffer_.data() + static_cast<size_t>(order[b]) * head_dim_, head_dim_,
                 out->data() + static_cast<size_t>(b) * head_dim_);
   }
+  rope.RotateMany(out->data(), n, position, out->data());
   return n;
 }
 

@@ -1,6 +1,7 @@
 // beacon: BeaconKV (DESIGN.md §3). Observation set = the newest n_recent post-RoPE queries of
 // every query head of the group + n_beacons beacons (FPS over the pre-RoPE query buffer,
 // rotated to the current position); score = max over all of them of the softmax attention.
+// The first coverage_layers layers keep an evenly spaced sample first, then the best scores.
 #include <algorithm>
 #include <memory>
 
@@ -8,6 +9,7 @@
 #include "core/beacon_bank.h"
 #include "core/check.h"
 #include "core/policy_internal.h"
+#include "core/selection.h"
 
 namespace beaconkv::internal {
 namespace {
@@ -63,6 +65,15 @@ class BeaconState final : public PolicyState {
       sh.protect = ProtectMask(*sh.ordered);
       if (pooled || n > config_.budget) {
         ScoreHead(geometry_.HeadIndex(layer, h), *sh.ordered, current_position, sh.scores.data());
+        if (IsCoverage(layer)) {
+          // The evenly spaced sample is kept first (scores are probabilities <= 1, so +2 puts
+          // it above every other token); the slots its empty strata leave go by score.
+          const int64_t free = config_.budget - std::count(sh.protect.begin(), sh.protect.end(), 1);
+          for (int32_t i : CoverageUnprotected(absl::MakeConstSpan(sh.ordered->positions(), n),
+                                               sh.protect, free)) {
+            sh.scores[i] += 2.0f;
+          }
+        }
       }
       scored.push_back(std::move(sh));
     }
@@ -77,6 +88,8 @@ class BeaconState final : public PolicyState {
   }
 
  private:
+  bool IsCoverage(int32_t layer) const { return layer < config_.coverage_layers; }
+
   // Prompt (when it fits beside the recent window) or else the first n_sinks tokens, plus
   // the newest n_recent tokens.
   std::vector<uint8_t> ProtectMask(const OrderedHead& ordered) const {

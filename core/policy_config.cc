@@ -133,11 +133,11 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
           [](const BeaconConfig& c) {
             if (absl::Status s = CheckBudgetInterval("beacon", c.budget, c.interval); !s.ok())
               return s;
-            if (c.n_recent < 0 || c.n_beacons < 0 || c.n_sinks < 0) {
-              return Invalid("beacon",
-                             absl::StrFormat("n_recent (%d), n_beacons (%d) and n_sinks (%d) "
-                                             "must be >= 0",
-                                             c.n_recent, c.n_beacons, c.n_sinks));
+            if (c.n_recent < 0 || c.n_beacons < 0 || c.n_sinks < 0 || c.coverage_layers < 0) {
+              return Invalid(
+                  "beacon", absl::StrFormat("n_recent (%d), n_beacons (%d), n_sinks (%d) and "
+                                            "coverage_layers (%d) must be >= 0",
+                                            c.n_recent, c.n_beacons, c.n_sinks, c.coverage_layers));
             }
             if (c.budget < c.n_recent + c.n_sinks) {
               return Invalid("beacon",
@@ -210,8 +210,9 @@ PolicyTraits DescribePolicy(const PolicyConfig& config) {
           [](const BeaconConfig& c) {
             return PolicyTraits{
                 absl::StrFormat("post-RoPE last %d queries of every query head + %d beacons "
-                                "(pre-RoPE buffer, rotated to the current position); max",
-                                c.n_recent, c.n_beacons),
+                                "(pre-RoPE buffer, rotated to the current position); max; "
+                                "the first %d layer(s) keep an evenly spaced sample first",
+                                c.n_recent, c.n_beacons, c.coverage_layers),
                 GqaReductionName(GqaReduction::kMaxProbs),
                 c.pool_kernel > 1 ? absl::StrFormat("maxpool kernel %d", c.pool_kernel)
                                   : std::string("none"),

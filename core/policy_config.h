@@ -100,6 +100,11 @@ struct BeaconConfig {
   bool protect_prompt = false;  // true: keep the prompt whenever it fits beside n_recent
   int32_t n_sinks = 4;          // first tokens kept when the prompt is not protected
   BudgetMode budget_mode = BudgetMode::kUniform;
+  // The first `coverage_layers` layers spread attention over the whole context: their heads
+  // keep the protected tokens, then an evenly spaced sample of the rest (CoverageUnprotected,
+  // one token per stratum, budget - protected strata), then the best scores for what is left.
+  // 1 = layer 0 (docs/results/accuracy.md, session 3).
+  int32_t coverage_layers = 1;
 };
 
 using PolicyConfig = std::variant<FullConfig, StreamingConfig, H2OConfig, TovaConfig, SnapKvConfig,

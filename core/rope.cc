@@ -1,6 +1,7 @@
 #include "core/rope.h"
 
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 
@@ -32,23 +33,43 @@ Rope::Rope(const RopeConfig& config) : config_(config), inv_freq_(config.head_di
   }
 }
 
-void Rope::Rotate(const float* src, int64_t position, float* dst) const {
-  const int32_t half = config_.head_dim / 2;
-  const float pos = static_cast<float>(position);
+namespace {
+
+// One rotation pair per i < half: (x_i, x_{i+half}) -> (x_i c - x_{i+half} s, x_{i+half} c + x_i
+// s).
+void RotatePairs(const float* cs, const float* sn, int32_t half, const float* src, float* dst) {
   for (int32_t i = 0; i < half; ++i) {
-    const float angle = pos * inv_freq_[i];
-    const float c = static_cast<float>(std::cos(static_cast<double>(angle)));
-    const float s = static_cast<float>(std::sin(static_cast<double>(angle)));
     const float x1 = src[i];
     const float x2 = src[i + half];
-    dst[i] = x1 * c - x2 * s;
-    dst[i + half] = x2 * c + x1 * s;
+    dst[i] = x1 * cs[i] - x2 * sn[i];
+    dst[i + half] = x2 * cs[i] + x1 * sn[i];
   }
 }
 
+}  // namespace
+
+void Rope::Angles(int64_t position, float* cs, float* sn) const {
+  const float pos = static_cast<float>(position);
+  for (size_t i = 0; i < inv_freq_.size(); ++i) {
+    const double angle = static_cast<double>(pos * inv_freq_[i]);
+    cs[i] = static_cast<float>(std::cos(angle));
+    sn[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+void Rope::Rotate(const float* src, int64_t position, float* dst) const {
+  RotateMany(src, 1, position, dst);
+}
+
 void Rope::RotateMany(const float* src, int64_t num_vectors, int64_t position, float* dst) const {
+  // The angles depend on the position only: one cos/sin table for every vector.
+  const int32_t half = config_.head_dim / 2;
+  thread_local std::vector<float> table;
+  table.resize(2 * static_cast<size_t>(half));
+  Angles(position, table.data(), table.data() + half);
   for (int64_t v = 0; v < num_vectors; ++v) {
-    Rotate(src + v * config_.head_dim, position, dst + v * config_.head_dim);
+    RotatePairs(table.data(), table.data() + half, half, src + v * config_.head_dim,
+                dst + v * config_.head_dim);
   }
 }
 

@@ -28,8 +28,11 @@ class Rope {
   // dst = RoPE(src, position); src and dst are [head_dim] and may alias. Angles are formed
   // as float(position) * float(inv_freq) in float32, as HF does, then cos/sin in double.
   void Rotate(const float* src, int64_t position, float* dst) const;
-  // Rotates `num_vectors` contiguous vectors ([num_vectors, head_dim]) to one position.
+  // Rotates `num_vectors` contiguous vectors ([num_vectors, head_dim]) to one position
+  // (one cos/sin table for all of them).
   void RotateMany(const float* src, int64_t num_vectors, int64_t position, float* dst) const;
+  // cos and sin of every pair's angle at `position`: cs, sn are [head_dim / 2].
+  void Angles(int64_t position, float* cs, float* sn) const;
 
  private:
   explicit Rope(const RopeConfig& config);

@@ -26,6 +26,34 @@ std::vector<int32_t> TopKUnprotected(const HeadCandidates& head, int64_t k) {
   return cand;
 }
 
+std::vector<int32_t> CoverageUnprotected(absl::Span<const int32_t> positions,
+                                         absl::Span<const uint8_t> protect, int64_t k) {
+  const int32_t n = static_cast<int32_t>(positions.size());
+  std::vector<int32_t> free;
+  for (int32_t i = 0; i < n; ++i) {
+    if (!protect[i]) free.push_back(i);
+  }
+  if (k <= 0) return {};
+  if (static_cast<int64_t>(free.size()) <= k) return free;
+  const int64_t lo = positions[free.front()];
+  const int64_t span = int64_t{positions[free.back()]} - lo + 1;
+  std::vector<uint8_t> kept(free.size(), 0);
+  int64_t last_stratum = -1;
+  for (size_t f = 0; f < free.size(); ++f) {
+    const int64_t stratum = (positions[free[f]] - lo) * k / span;
+    if (stratum != last_stratum) {
+      kept[f] = 1;
+      last_stratum = stratum;
+    }
+  }
+  std::vector<int32_t> out;
+  out.reserve(k);
+  for (size_t f = 0; f < free.size(); ++f) {
+    if (kept[f]) out.push_back(free[f]);
+  }
+  return out;
+}
+
 std::vector<int32_t> SelectUniform(const HeadCandidates& head, int64_t budget) {
   const int32_t n = static_cast<int32_t>(head.positions.size());
   int64_t num_protected = 0;

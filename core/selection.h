@@ -20,6 +20,14 @@ struct HeadCandidates {
 // The `k` best unprotected indexes by (score desc, position desc), in no particular order.
 std::vector<int32_t> TopKUnprotected(const HeadCandidates& head, int64_t k);
 
+// An evenly spaced sample of the unprotected tokens: with lo / hi the first / last
+// unprotected positions and span = hi - lo + 1, stratum j < k is [lo + j*span/k,
+// lo + (j+1)*span/k) and contributes its first unprotected token (empty strata contribute
+// none). Returns at most k ascending position-order indexes; all unprotected ones if there are
+// at most k.
+std::vector<int32_t> CoverageUnprotected(absl::Span<const int32_t> positions,
+                                         absl::Span<const uint8_t> protect, int64_t k);
+
 // Protected indexes plus the best unprotected ones until the head holds `budget` tokens
 // (or all of them). Returns ascending position-order indexes. If the protected tokens alone
 // exceed the budget they are all kept: callers validate budgets beforehand.

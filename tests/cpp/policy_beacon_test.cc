@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/beacon_bank.h"
@@ -50,6 +51,50 @@ TEST(CosineFpsTest, TiesGoToTheEarliestPoint) {
   // Seed: farthest from the mean direction; then farthest from the chosen set.
   const std::vector<float> pts = {1, 0, 1, 0.1f, 0, 1, 1, -0.1f, -1, 0};
   EXPECT_EQ(CosineFarthestPointOrder(pts.data(), 5, 2, 3), (std::vector<int32_t>{4, 0, 2}));
+}
+
+// The brute-force definition: a chosen-flag scan for the farthest unchosen point.
+std::vector<int32_t> SlowFps(const std::vector<float>& pts, int32_t n, int32_t d, int32_t count) {
+  std::vector<double> mean(d, 0.0);
+  for (int32_t i = 0; i < n; ++i) {
+    double norm = 0;
+    for (int32_t k = 0; k < d; ++k) norm += double(pts[i * d + k]) * pts[i * d + k];
+    for (int32_t k = 0; k < d; ++k) mean[k] += pts[i * d + k] / std::sqrt(norm);
+  }
+  std::vector<float> m(mean.begin(), mean.end());
+  auto dist = [&](const float* a, const float* b) { return 1.0 - Cos(a, b, d); };
+  int32_t seed = 0;
+  for (int32_t i = 1; i < n; ++i) {
+    if (dist(&pts[i * d], m.data()) > dist(&pts[seed * d], m.data())) seed = i;
+  }
+  std::vector<int32_t> order = {seed};
+  std::vector<bool> chosen(n, false);
+  chosen[seed] = true;
+  while (static_cast<int32_t>(order.size()) < count) {
+    int32_t best = -1;
+    double best_d = -1;
+    for (int32_t i = 0; i < n; ++i) {
+      if (chosen[i]) continue;
+      double md = 2;
+      for (int32_t j : order) md = std::min(md, dist(&pts[i * d], &pts[j * d]));
+      if (md > best_d) best_d = md, best = i;
+    }
+    chosen[best] = true;
+    order.push_back(best);
+  }
+  return order;
+}
+
+TEST(CosineFpsTest, MatchesTheBruteForceDefinition) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [n, d, count] :
+       {std::tuple{37, 8, 37}, std::tuple{120, 32, 60}, std::tuple{1, 4, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n << " d " << d << " count " << count);
+    std::vector<float> pts(static_cast<size_t>(n) * d);
+    for (float& x : pts) x = normal(rng);
+    EXPECT_EQ(CosineFarthestPointOrder(pts.data(), n, d, count), SlowFps(pts, n, d, count));
+  }
 }
 
 class BeaconBufferTest : public ::testing::TestWithParam<uint32_t> {};
@@ -159,6 +204,7 @@ TEST(BeaconVsSnapKv, KeyOnlyThePlantedClusterAttendsTo) {
     BeaconConfig beacon;
     beacon.budget = budget;
     beacon.n_recent = 16;
+    beacon.coverage_layers = 0;  // the planted key must survive on its score
     SnapKvConfig snap;
     snap.budget = budget;
     snap.window = 16;

@@ -218,6 +218,7 @@ HeadCase BeaconCase() {
 
 TEST(PolicyHandWorked, BeaconKeepsWhatTheBeaconsPredict) {
   BeaconConfig cfg;
+  cfg.coverage_layers = 0;  // scored selection (coverage: BeaconCoverageLayerKeepsAnEvenSpread)
   cfg.budget = 5;
   cfg.interval = 1;
   cfg.n_recent = 2;
@@ -235,8 +236,29 @@ TEST(PolicyHandWorked, BeaconKeepsWhatTheBeaconsPredict) {
   ExpectKept(snap, BeaconCase(), {5, 6, 7, 8, 9});
 }
 
+TEST(PolicyHandWorked, BeaconCoverageLayerKeepsAnEvenSpread) {
+  // Layer 0 as a coverage layer: protected {0 (prompt), 8, 9}; 2 free slots become 2 strata
+  // of the free positions 1..7, [1, 4.5) and [4.5, 8): their first tokens 1 and 5, not the
+  // beacon-predicted 3.
+  BeaconConfig cfg;
+  cfg.budget = 5;
+  cfg.interval = 1;
+  cfg.n_recent = 2;
+  cfg.n_beacons = 2;
+  cfg.buffer_max = 4;
+  cfg.buffer_min = 2;
+  cfg.n_sinks = 0;
+  cfg.protect_prompt = true;
+  cfg.coverage_layers = 1;
+  ExpectKept(cfg, BeaconCase(), {0, 1, 5, 8, 9});
+  // Budget 7: strata [1, 2.75) [2.75, 4.5) [4.5, 6.25) [6.25, 8) -> 1, 3, 5, 7.
+  cfg.budget = 7;
+  ExpectKept(cfg, BeaconCase(), {0, 1, 3, 5, 7, 8, 9});
+}
+
 TEST(PolicyHandWorked, BeaconWithoutBeaconsIsRecentOnly) {
   BeaconConfig cfg;
+  cfg.coverage_layers = 0;  // scored selection (coverage: BeaconCoverageLayerKeepsAnEvenSpread)
   cfg.budget = 5;
   cfg.n_recent = 2;
   cfg.n_beacons = 0;
@@ -249,6 +271,7 @@ TEST(PolicyHandWorked, BeaconWithoutBeaconsIsRecentOnly) {
 
 TEST(PolicyHandWorked, BeaconUnprotectedPromptKeepsSinks) {
   BeaconConfig cfg;
+  cfg.coverage_layers = 0;  // scored selection (coverage: BeaconCoverageLayerKeepsAnEvenSpread)
   cfg.budget = 5;
   cfg.n_recent = 2;
   cfg.n_beacons = 2;
@@ -275,6 +298,7 @@ TEST(PolicyHandWorked, BeaconPooledBudgetFavoursTheFlatHead) {
   geo.num_kv_heads = 2;
   geo.rope = testing::TestRope(2);
   BeaconConfig cfg;
+  cfg.coverage_layers = 0;  // scored selection (coverage: BeaconCoverageLayerKeepsAnEvenSpread)
   cfg.budget = 3;
   cfg.n_recent = 1;
   cfg.n_beacons = 0;

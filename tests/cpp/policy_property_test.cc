@@ -34,6 +34,7 @@ PolicyConfig SmallConfig(const std::string& name) {
           cfg.window = 3;
           cfg.ratio = 4;
         } else if constexpr (std::is_same_v<T, BeaconConfig>) {
+          cfg.coverage_layers = 0;  // tie and score properties; coverage: handworked tests
           cfg.budget = 9;
           cfg.n_recent = 3;
           cfg.n_beacons = 2;

@@ -175,6 +175,30 @@ TEST(RedundancyTest, MatchesNaiveRkv) {
   }
 }
 
+TEST(CoverageTest, OneTokenPerStratumFirstInEach) {
+  std::vector<int32_t> pos(20);
+  for (int32_t i = 0; i < 20; ++i) pos[i] = i;
+  std::vector<uint8_t> protect(20, 0);
+  protect[0] = protect[18] = protect[19] = 1;  // a sink and the recent window
+  // Free positions 1..17 in 4 strata of 17/4 positions.
+  EXPECT_EQ(CoverageUnprotected(pos, protect, 4), (std::vector<int32_t>{1, 6, 10, 14}));
+  EXPECT_EQ(CoverageUnprotected(pos, protect, 50).size(), 17u);  // all of them
+  EXPECT_TRUE(CoverageUnprotected(pos, protect, 0).empty());
+  // Strata [0, 10.25) [10.25, 20.5) [20.5, 30.75) [30.75, 41): the gap empties stratum 1.
+  const std::vector<int32_t> gap = {0, 1, 2, 3, 30, 31, 32, 33, 40};
+  EXPECT_EQ(CoverageUnprotected(gap, std::vector<uint8_t>(9, 0), 4),
+            (std::vector<int32_t>{0, 4, 5}));
+}
+
+TEST(CoverageTest, SampleIsEvenlySpreadOverTheRange) {
+  // 1,000 consecutive positions, 50 strata: consecutive picks are 20 apart.
+  std::vector<int32_t> pos(1000);
+  for (int32_t i = 0; i < 1000; ++i) pos[i] = 100 + i;
+  const std::vector<int32_t> got = CoverageUnprotected(pos, std::vector<uint8_t>(1000, 0), 50);
+  ASSERT_EQ(got.size(), 50u);
+  for (size_t j = 0; j < got.size(); ++j) EXPECT_EQ(got[j], static_cast<int32_t>(20 * j));
+}
+
 TEST(SelectionTest, TiesGoToTheMoreRecentToken) {
   const std::vector<int32_t> pos = {0, 3, 5, 9, 11, 20};
   const std::vector<uint8_t> protect = {1, 0, 0, 0, 0, 1};

@@ -43,7 +43,8 @@ def test_documented_defaults():
     b = beaconkv.BeaconConfig()
     assert (b.budget, b.interval, b.n_recent, b.n_beacons, b.buffer_max, b.buffer_min) == (
         2048, 128, 48, 256, 512, 256)
-    assert (b.pool_kernel, b.protect_prompt, b.budget_mode) == (1, False, "uniform")
+    assert (b.pool_kernel, b.protect_prompt, b.budget_mode, b.coverage_layers) == (
+        1, False, "uniform", 1)
     r = beaconkv.RKVConfig()
     assert (r.window, r.pool_kernel, r.lambda_, r.redundancy_threshold) == (8, 7, 0.1, 0.5)
     s = beaconkv.SnapKVConfig()
@@ -61,6 +62,8 @@ def test_invalid_configurations_raise_value_error():
         beaconkv.BeaconConfig(budget=8).validate()
     with pytest.raises(ValueError, match="buffer_min"):
         beaconkv.BeaconConfig(buffer_min=600).validate()
+    with pytest.raises(ValueError, match="coverage_layers"):
+        beaconkv.BeaconConfig(coverage_layers=-1).validate()
     with pytest.raises(ValueError, match="no knob 'bogus'"):
         beaconkv.BeaconConfig(bogus=1)
     with pytest.raises(ValueError, match="pooled"):
@@ -111,7 +114,8 @@ def test_snapkv_and_rkv_match_numpy(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beacon_matches_numpy(seed):
+@pytest.mark.parametrize("coverage_layers", [0, 1])
+def test_beacon_matches_numpy(seed, coverage_layers):
     d, g, theta = 32, 2, 1e6
     keys, pre, post = random_head(20 + seed, n=257, d=d, g=g, steps=90)
     buf = ref.BeaconBuffer(d, buffer_min=16, buffer_max=48)
@@ -119,13 +123,27 @@ def test_beacon_matches_numpy(seed):
         buf.append(step)
     beacons = buf.beacons(8, 256, theta)
     want = ref.beacon_keep(keys, post[-16:], beacons, 96, prompt_len=7, n_recent=16,
-                           protect_prompt=True, pool_kernel=3)
-    got = beaconkv.run_policy(
+                           protect_prompt=True, pool_kernel=3, coverage=coverage_layers > 0)
+    got = beaconkv.run_policy(  # run_policy compresses layer 0
         beaconkv.BeaconConfig(budget=96, n_recent=16, n_beacons=8, buffer_min=16, buffer_max=48,
-                              protect_prompt=True, pool_kernel=3),
+                              protect_prompt=True, pool_kernel=3,
+                              coverage_layers=coverage_layers),
         keys, np.arange(257), prompt_len=7, queries_pre=pre, queries_post=post,
         rope_theta=theta)
     np.testing.assert_array_equal(got, want)
+
+
+def test_coverage_sample_is_one_token_per_stratum():
+    protect = np.zeros(20, bool)
+    protect[[0, 18, 19]] = True  # sink and recent window
+    pos = np.arange(20)
+    # free positions 1..17 (17 tokens), 4 strata of 17/4 positions: first of each.
+    np.testing.assert_array_equal(ref.coverage_sample(pos, protect, 4), [1, 6, 10, 14])
+    # Positions 0..40 in 4 strata of 41/4: [0, 10.25) [10.25, 20.5) [20.5, 30.75) [30.75, 41).
+    # The gap leaves stratum 1 empty: 3 picks (indexes of positions 0, 30, 31).
+    gap = np.array([0, 1, 2, 3, 30, 31, 32, 33, 40])
+    np.testing.assert_array_equal(ref.coverage_sample(gap, np.zeros(9, bool), 4), [0, 4, 5])
+    assert len(ref.coverage_sample(pos, protect, 50)) == 17
 
 
 def test_apply_rope_matches_numpy_and_beacon_rotation():

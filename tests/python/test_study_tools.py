@@ -340,3 +340,46 @@ def test_make_results_table_and_plot(tmp_path):
     assert mk.main(["--results", str(tmp_path)]) == 0
     again = (tmp_path / "accuracy.md").read_text()
     assert again.count(mk.BEGIN) == 1 and again.endswith("## What we tried\nnotes\n")
+
+
+def test_error_attribution_names_the_evicted_token_a_query_needed():
+    from beaconkv.replay import NEVER, Trace
+
+    attribution = load_tool("error_attribution")
+    t_len, p_len = 6, 2
+    att = np.zeros((1, 2, t_len, t_len))  # 1 layer, 2 query heads sharing 1 kv head
+    att[0, 0, 5, [1, 3, 5]] = [0.7, 0.2, 0.1]  # head 0 reads position 1 (evicted) and 3
+    att[0, 1, 5, [4, 5]] = [0.5, 0.5]  # head 1 reads only kept positions
+    evicted_at = np.full((1, 1, t_len), NEVER, dtype=np.int64)
+    evicted_at[0, 0, 1] = 4  # position 1 evicted after step 4, when it was 3 tokens old
+    evicted_at[0, 0, 3] = 5  # evicted after step 5: still there when query 5 read it
+    tr = Trace(ids=[10, 11, 12, 13, 14, 15], prompt_len=p_len, attention=att,
+               queries=np.zeros((1, 2, t_len, 4)), keys=np.zeros((1, 1, t_len, 4)),
+               rope_theta=1e4, roles=np.array(list("ABCDE")))
+    (res,) = attribution.attribute(tr, evicted_at, [5], decode=lambda i: f"<{i}>",
+                                   min_mass=0.1)
+    assert res["query_position"] == 5
+    assert [(h["layer"], h["head"]) for h in res["heads"]] == [(0, 0)]
+    head = res["heads"][0]
+    assert head["missed_mass"] == pytest.approx(0.7)
+    assert head["tokens"] == [{"distance": 4, "token": "<11>", "role": "", "weight": 0.7,
+                               "evicted_at_age": 3}]
+    # Below min_mass nothing is listed.
+    assert attribution.attribute(tr, evicted_at, [5], str, min_mass=0.8)[0]["heads"] == []
+
+
+def test_error_attribution_counts_every_wrong_token(short_problem):
+    attribution = load_tool("error_attribution")
+    res = attribution.run(MODEL, "dev", "streaming", 8, 2, {"n_sinks": 1}, None,
+                          problems=[short_problem], max_errors=2)
+    assert res["num_problems"] == 1
+    wrong = sum(res["wrong_tokens_by_role"].values())
+    assert wrong > 0  # an 8-token cache cannot carry the plan
+    assert len(res["errors"]) == min(wrong, 2) and res["problems_with_errors"] == 1
+    for e in res["errors"]:
+        assert e["wanted"] != e["got"]
+        for h in e["heads"]:
+            assert 0.1 <= h["missed_mass"] <= 1.0 + 1e-6
+            assert all(k["distance"] > 0 for k in h["tokens"])
+    json.dumps(res)  # serialisable
+    assert "problems with wrong tokens" in attribution.render(res)
