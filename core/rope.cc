@@ -35,8 +35,7 @@ Rope::Rope(const RopeConfig& config) : config_(config), inv_freq_(config.head_di
 
 namespace {
 
-// One rotation pair per i < half: (x_i, x_{i+half}) -> (x_i c - x_{i+half} s, x_{i+half} c + x_i
-// s).
+// Rotates each pair (x_i, x_{i+half}) by the angle whose cos / sin are cs[i] / sn[i].
 void RotatePairs(const float* cs, const float* sn, int32_t half, const float* src, float* dst) {
   for (int32_t i = 0; i < half; ++i) {
     const float x1 = src[i];

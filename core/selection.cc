@@ -37,19 +37,15 @@ std::vector<int32_t> CoverageUnprotected(absl::Span<const int32_t> positions,
   if (static_cast<int64_t>(free.size()) <= k) return free;
   const int64_t lo = positions[free.front()];
   const int64_t span = int64_t{positions[free.back()]} - lo + 1;
-  std::vector<uint8_t> kept(free.size(), 0);
-  int64_t last_stratum = -1;
-  for (size_t f = 0; f < free.size(); ++f) {
-    const int64_t stratum = (positions[free[f]] - lo) * k / span;
-    if (stratum != last_stratum) {
-      kept[f] = 1;
-      last_stratum = stratum;
-    }
-  }
   std::vector<int32_t> out;
   out.reserve(k);
-  for (size_t f = 0; f < free.size(); ++f) {
-    if (kept[f]) out.push_back(free[f]);
+  int64_t last_stratum = -1;
+  for (int32_t i : free) {
+    const int64_t stratum = (positions[i] - lo) * k / span;
+    if (stratum != last_stratum) {
+      out.push_back(i);
+      last_stratum = stratum;
+    }
   }
   return out;
 }
