@@ -55,7 +55,7 @@ void BindEngine(py::module_& m) {
       .def(py::init([](const std::string& model_dir, py::object policy, int32_t block_size,
                        int32_t num_blocks, int32_t num_host_blocks, int32_t max_batch,
                        int32_t watermark_blocks, const std::string& preemption, int32_t num_threads,
-                       int32_t max_model_len, bool verify_integrity) {
+                       int32_t max_model_len, bool verify_integrity, bool batch_invariant) {
              EngineConfig c;
              c.policy = PolicyConfigFromPython(policy);
              c.block_size = block_size;
@@ -67,6 +67,7 @@ void BindEngine(py::module_& m) {
              c.num_threads = num_threads;
              c.max_model_len = max_model_len;
              c.verify_integrity = verify_integrity;
+             c.batch_invariant = batch_invariant;
              std::unique_ptr<Engine> e;
              {
                py::gil_scoped_release release;
@@ -80,7 +81,7 @@ void BindEngine(py::module_& m) {
            py::arg("num_blocks") = 0, py::arg("num_host_blocks") = 0, py::arg("max_batch") = 32,
            py::arg("watermark_blocks") = 0, py::arg("preemption") = "recompute",
            py::arg("num_threads") = 2, py::arg("max_model_len") = 0,
-           py::arg("verify_integrity") = false)
+           py::arg("verify_integrity") = false, py::arg("batch_invariant") = true)
       .def(
           "add_request",
           [](Engine& e, int64_t id, std::vector<int32_t> prompt, int32_t max_new_tokens,
@@ -134,6 +135,8 @@ void BindEngine(py::module_& m) {
           },
           "One scheduler step; returns the requests that finished in it.")
       .def_property_readonly("has_unfinished", &Engine::HasUnfinished)
+      .def_property_readonly("num_running", &Engine::num_running,
+                             "Sequences running after the last step (the running batch).")
       .def("stats_json", [](const Engine& e) { return e.stats().ToJson(); })
       .def_property_readonly("num_free_blocks",
                              [](const Engine& e) { return e.block_manager().NumFreeBlocks(); })

@@ -50,7 +50,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(ModelWeights weights,
         "engine config: max_batch=%d (>= 1), watermark_blocks=%d (>= 0), block_size=%d (>= 1)",
         config.max_batch, config.watermark_blocks, config.block_size));
   }
-  absl::StatusOr<ModelRunner> runner = ModelRunner::Create(std::move(weights), config.num_threads);
+  absl::StatusOr<ModelRunner> runner =
+      ModelRunner::Create(std::move(weights), config.num_threads, config.batch_invariant);
   if (!runner.ok()) return runner.status();
   const ModelConfig& mc = runner->config();
   if (config.max_model_len <= 0) config.max_model_len = mc.max_position_embeddings;

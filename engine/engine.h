@@ -43,6 +43,7 @@ class Engine {
   absl::Status Step(std::vector<RequestOutput>* finished);
   bool HasUnfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
   const EngineStats& stats() const { return stats_; }
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
 
  private:
   struct SeqState {

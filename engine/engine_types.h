@@ -23,6 +23,10 @@ struct EngineConfig {
   PreemptionMode preemption = PreemptionMode::kRecompute;
   PolicyConfig policy = FullConfig{};
   int32_t num_threads = 2;
+  // Every Linear as fixed-order dot products: a sequence's tokens do not depend on what it is
+  // batched with, and swap/recompute reproduce an unpreempted run exactly. Off: OpenBLAS
+  // GEMMs, several times faster at large batches, equal up to float rounding.
+  bool batch_invariant = true;
   int32_t max_model_len = 0;      // 0 = the model's max_position_embeddings
   int32_t eos_token_id = -1;      // -1: from the tokenizer (FromModelDir) / never stop on eos
   bool verify_integrity = false;  // VerifyIntegrity() after every step (tests)

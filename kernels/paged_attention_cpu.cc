@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/scoring.h"
+
 namespace beaconkv::kernels {
 namespace {
 
@@ -43,15 +45,8 @@ void PagedDecodeAttentionCpu(const float* q, const float* k_cache, const float* 
           for (int32_t h = 0; h < group; ++h)
             p[int64_t{h} * n + j0 + o] = Dot(qg + h * d, kb + o * d, d) * scale;
       }
-      for (int32_t h = 0; h < group; ++h) {
-        float* ph = p.data() + int64_t{h} * n;
-        if (n == 0) continue;
-        const float mx = *std::max_element(ph, ph + n);
-        float sum = 0.0f;
-        for (int32_t j = 0; j < n; ++j) sum += ph[j] = std::exp(ph[j] - mx);
-        const float inv = 1.0f / sum;
-        for (int32_t j = 0; j < n; ++j) ph[j] *= inv;
-      }
+      // The scoring pipeline's vectorised softmax: std::exp per element dominated the step.
+      for (int32_t h = 0; h < group; ++h) SoftmaxInPlace(p.data() + int64_t{h} * n, n);
       std::fill_n(og, int64_t{group} * d, 0.0f);
       for (int32_t j0 = 0, bi = 0; j0 < n; j0 += s.block_size, ++bi) {
         const float* vb = v_cache + int64_t{table[bi]} * bs * d;
