@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "core/multiversion.h"
 
 namespace beaconkv {
 namespace {
@@ -21,6 +22,31 @@ std::vector<float> Normalised(const float* points, int32_t n, int32_t dim) {
     for (int32_t d = 0; d < dim; ++d) unit[static_cast<size_t>(i) * dim + d] = p[d] * inv;
   }
   return unit;
+}
+
+// Points per inner block: four AVX-512 accumulators, so the FMA chains over `dim` overlap.
+constexpr int32_t kBlock = 64;
+
+// One FPS pick's update over every point: cos = unit_t^T pick, min_dist = min(min_dist,
+// 1 - cos); returns the largest min_dist. unit_t is [dim, stride] (points along a row), so the
+// cosines of kBlock points are `dim` vector FMAs per accumulator and no horizontal sums.
+BKV_MULTIVERSION float UpdateMinDistances(const float* unit_t, int32_t n, int32_t stride,
+                                          int32_t dim, const float* pick, float* min_dist) {
+  float far = -1.0f;
+  for (int32_t i0 = 0; i0 < n; i0 += kBlock) {
+    float acc[kBlock] = {};
+    const int32_t m = std::min(kBlock, n - i0);
+    for (int32_t d = 0; d < dim; ++d) {
+      const float* col = unit_t + static_cast<size_t>(d) * stride + i0;
+      const float pd = pick[d];
+      for (int32_t l = 0; l < kBlock; ++l) acc[l] += col[l] * pd;  // padded: reads stay in row
+    }
+    for (int32_t l = 0; l < m; ++l) {
+      min_dist[i0 + l] = std::min(min_dist[i0 + l], 1.0f - acc[l]);
+      far = std::max(far, min_dist[i0 + l]);
+    }
+  }
+  return far;
 }
 
 }  // namespace
@@ -52,16 +78,16 @@ std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, in
     }
   }
 
-  // One GEMV per pick: the cosines of every point to the newest pick.
-  auto cosines_to = [&](int32_t i) -> const float* {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, dim, 1.0f, unit.data(), dim, row(i), 1, 0.0f,
-                cos.data(), 1);
-    return cos.data();
-  };
+  // unit transposed, each row padded to whole blocks: [dim, stride].
+  const int32_t stride = (n + kBlock - 1) / kBlock * kBlock;
+  std::vector<float> unit_t(static_cast<size_t>(dim) * stride, 0.0f);
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t d = 0; d < dim; ++d) unit_t[static_cast<size_t>(d) * stride + i] = row(i)[d];
+  }
 
   // min_dist of a chosen point is -1, below every cosine distance (>= 0 up to rounding), so
-  // it is never picked again. Each pick: a min update and a max (both vectorise), then the
-  // first index holding the max (ties go to the earliest point).
+  // it is never picked again. Each pick: one fused cosine + min + max pass, then the first
+  // index holding the max (ties go to the earliest point).
   constexpr float kChosen = -1.0f;
   std::vector<float> min_dist(n, 2.0f);
   float* md = min_dist.data();
@@ -70,12 +96,7 @@ std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, in
     order.push_back(pick);
     md[pick] = kChosen;
     if (static_cast<int32_t>(order.size()) == count) break;
-    const float* c = cosines_to(pick);
-    float far = kChosen;
-    for (int32_t i = 0; i < n; ++i) {
-      md[i] = std::min(md[i], 1.0f - c[i]);
-      far = std::max(far, md[i]);
-    }
+    const float far = UpdateMinDistances(unit_t.data(), n, stride, dim, row(pick), md);
     pick = 0;
     while (md[pick] != far) ++pick;
   }

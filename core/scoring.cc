@@ -10,13 +10,10 @@
 
 #include "absl/strings/str_format.h"
 #include "core/check.h"
+#include "core/multiversion.h"
 
 namespace beaconkv {
 namespace {
-
-// The hot loops are compiled for several ISAs and picked at load time, so a portable build
-// still uses AVX-512 where the machine has it.
-#define BKV_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 
 // Cephes-style expf (relative error ~2 ulp) written so the compiler can vectorise it.
 inline float ExpApprox(float x) {

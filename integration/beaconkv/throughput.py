@@ -118,7 +118,7 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
     bar = Progress(len(requests), f"bench {cfg.policy}", progress)
     outputs: dict[int, dict] = {}
     batches: list[int] = []  # running batch after each step
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     while engine.has_unfinished:
         done = engine.step()
         batches.append(engine.num_running)
@@ -127,6 +127,9 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
         if done:
             bar.update(len(done))
     elapsed = time.perf_counter() - start
+    # CPU seconds of this process (all its threads): on a shared machine they count the work
+    # done, where wall time also counts the waits for a core.
+    cpu_seconds = time.process_time() - cpu_start
     stats = json.loads(engine.stats_json())
 
     prompt_tokens = sum(len(r.prompt) for r in requests)
@@ -149,6 +152,8 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
         "tokens_per_second": (prompt_tokens + output_tokens) / elapsed,
         # Ours.
         "output_tokens_per_second": output_tokens / elapsed,
+        "cpu_seconds": cpu_seconds,
+        "output_tokens_per_cpu_second": output_tokens / cpu_seconds if cpu_seconds > 0 else 0.0,
         "total_output_tokens": output_tokens,
         "total_prompt_tokens": prompt_tokens,
         "policy": cfg.policy,
@@ -186,6 +191,8 @@ def format_report(r: dict) -> str:
         f"{r['tokens_per_second']:.2f} total tokens/s, "
         f"{r['output_tokens_per_second']:.2f} output tokens/s",
         f"Total num prompt tokens:  {r['total_prompt_tokens']}",
+        f"CPU time: {r['cpu_seconds']:.2f} s for {r['elapsed_time']:.2f} s of wall time "
+        f"({r['output_tokens_per_cpu_second']:.2f} output tokens per CPU second)",
         f"Total num output tokens:  {r['total_output_tokens']}",
         f"Running batch: max {r['max_running_batch']}, median {r['median_running_batch']:.0f}, "
         f"mean {r['mean_running_batch']:.1f} (limit {r['max_batch']})",
