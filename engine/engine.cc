@@ -359,6 +359,7 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   if (!st.ok()) return st;
   if (!observe_status_.ok()) return std::exchange(observe_status_, absl::OkStatus());
   running_sum_ += static_cast<double>(rows);
+  used_blocks_sum_ += static_cast<double>(bm_->NumUsedBlocks());
   ++decode_steps_;
   UpdateMemoryStats();  // the peak is now, before the policy compresses
   std::vector<int64_t> done;
@@ -414,6 +415,7 @@ void Engine::UpdateMemoryStats() {
   stats_.peak_used_blocks = std::max(stats_.peak_used_blocks, bm_->NumUsedBlocks());
   stats_.peak_running = std::max(stats_.peak_running, static_cast<int32_t>(running_.size()));
   stats_.mean_running = decode_steps_ > 0 ? running_sum_ / decode_steps_ : 0.0;
+  stats_.mean_used_blocks = decode_steps_ > 0 ? used_blocks_sum_ / decode_steps_ : 0.0;
   const KvShape& shape = bm_->shape();
   for (int64_t id : running_) {
     SeqState& s = *seqs_.at(id);

@@ -84,6 +84,7 @@ class Engine {
   EngineStats stats_;
   absl::Status observe_status_;  // first policy Observe error of the current step
   double running_sum_ = 0;
+  double used_blocks_sum_ = 0;  // device blocks in use at each decode step's forward pass
   int64_t decode_steps_ = 0;
 };
 

@@ -61,7 +61,8 @@ struct EngineStats {
   int64_t generated_tokens = 0;
   double wall_seconds = 0;
   int32_t peak_running = 0;
-  double mean_running = 0;  // over decode steps
+  double mean_running = 0;      // over decode steps
+  double mean_used_blocks = 0;  // over decode steps, at the forward pass (before eviction)
   int32_t peak_used_blocks = 0;
   int64_t preemptions_recompute = 0;
   int64_t preemptions_swap = 0;

@@ -174,6 +174,7 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
         "median_running_batch": statistics.median(batches) if batches else 0,
         "preemptions": stats["preemptions"],
         "peak_used_blocks": stats["peak_used_blocks"],
+        "mean_used_blocks": stats["mean_used_blocks"],
         "finish_reasons": reasons,
         "out_of_memory": reasons.get("out_of_memory", 0),
         "correct": correct,
@@ -198,7 +199,8 @@ def format_report(r: dict) -> str:
         f"mean {r['mean_running_batch']:.1f} (limit {r['max_batch']})",
         f"Preemptions: recompute {r['preemptions']['recompute']}, "
         f"swap {r['preemptions']['swap']}",
-        f"KV blocks: peak {r['peak_used_blocks']} of {r['kv_blocks'] - 1} usable "
+        f"KV blocks: peak {r['peak_used_blocks']}, mean {r['mean_used_blocks']:.0f} of "
+        f"{r['kv_blocks'] - 1} usable "
         f"(block size {r['block_size']}); compression {r['compression_ratio']:.2f}x",
         f"Out of memory: {r['out_of_memory']} request(s)",
         "Engine time (s): " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()),

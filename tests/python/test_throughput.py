@@ -79,6 +79,9 @@ def test_eviction_turns_freed_blocks_into_a_larger_batch():
     assert evict["median_running_batch"] >= 3 * full["median_running_batch"]
     assert evict["mean_running_batch"] > 1.5 * full["mean_running_batch"]
     assert evict["compression_ratio"] > 3
+    per_seq = {k: r["mean_used_blocks"] / r["mean_running_batch"] for k, r in
+               (("full", full), ("evict", evict))}
+    assert 0 < per_seq["evict"] <= 3 * HEADS + HEADS < per_seq["full"]
 
 
 def test_a_pool_too_small_for_a_prompt_fails_before_any_work():
