@@ -238,7 +238,8 @@ absl::Status BlockManager::SwapOut(SequenceId id) {
       b = copies.back().dst;
     }
   }
-  if (store_ != nullptr) store_->SwapOut(copies, *host_store_);
+  // A sequence evicted down to no blocks moves nothing, and may have no host store to name.
+  if (store_ != nullptr && !copies.empty()) store_->SwapOut(copies, *host_store_);
   for (auto c = copies.rbegin(); c != copies.rend(); ++c) pool_.Release(c->src);
   seq.swapped = true;
   return absl::OkStatus();
@@ -269,7 +270,7 @@ absl::Status BlockManager::SwapIn(SequenceId id) {
       b = copies.back().dst;
     }
   }
-  if (store_ != nullptr) store_->SwapIn(copies, *host_store_);
+  if (store_ != nullptr && !copies.empty()) store_->SwapIn(copies, *host_store_);
   for (auto c = copies.rbegin(); c != copies.rend(); ++c) host_pool_.Release(c->src);
   seq.swapped = false;
   return absl::OkStatus();

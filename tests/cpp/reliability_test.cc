@@ -172,3 +172,28 @@ TEST(SafetensorsCollisionTest, AdjacentAndEmptyTensorsAreFine) {
 
 }  // namespace
 }  // namespace beaconkv
+
+namespace beaconkv {
+namespace {
+
+// Found by tests/fuzz/block_manager_fuzz: a sequence compacted to zero blocks swapped out of a
+// manager without a host pool dereferenced the missing host store (UBSan in the ASan build).
+TEST(BlockManagerSwapTest, AnEmptySequenceSwapsWithoutAHostPool) {
+  BlockManagerConfig c;
+  c.shape = {1, 2, 2, 4};
+  c.num_blocks = 9;
+  auto store = std::make_unique<CpuKvStore>(c.num_blocks, 4, 2);
+  auto bm = BlockManager::Create(c, store.get());
+  ASSERT_TRUE(bm.ok());
+  ASSERT_TRUE((*bm)->AddSequence(1, 5).ok());
+  ASSERT_TRUE((*bm)->ApplyKeepSets(1, {KeepSet{0, 0, {}}, KeepSet{0, 1, {}}}).ok());
+  EXPECT_EQ(*(*bm)->NumBlocksOf(1), 0);
+  EXPECT_TRUE((*bm)->SwapOut(1).ok());
+  EXPECT_TRUE((*bm)->SwapIn(1).ok());
+  ASSERT_TRUE((*bm)->AddSequence(2, 5).ok());
+  EXPECT_EQ((*bm)->SwapOut(2).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE((*bm)->VerifyIntegrity().ok());
+}
+
+}  // namespace
+}  // namespace beaconkv

@@ -390,6 +390,10 @@ CASES: list[Case] = [
                                                           "--policy", "nosuch")),
     Case("cli_model_missing", "CliExit", "nowhere",
          _cli("generate", "--prompt", "Ab;", "--model", "{work}/nowhere")),
+    Case("cli_analyze_num_negative", "CliExit", "argument --num",
+         _cli("analyze", "--out", "{work}/o", "--num", "-1")),
+    Case("cli_analyze_threshold_out_of_range", "CliExit", "argument --threshold-frac",
+         _cli("analyze", "--out", "{work}/o", "--threshold-frac", "7")),
     # ---- Python API: BlockManager
     Case("bm_zero_layers", "ValueError", "num_layers=0", _api(lambda: _bm(0, 2, 4))),
     Case("bm_one_block", "ValueError", "num_blocks=1", _api(lambda: _bm(2, 2, 4, num_blocks=1))),
