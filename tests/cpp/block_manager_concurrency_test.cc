@@ -107,7 +107,7 @@ TEST(BlockManagerConcurrencyTest, ThreadsShareOnePoolWithoutCorruptingIt) {
   std::string observer_error;
   int64_t observer_checks = 0;
   std::thread observer([&] {
-    while (!done.load()) {
+    do {  // at least once, however quickly the workers finish
       absl::Status s = (*bm)->VerifyIntegrity();
       if (!s.ok() && observer_error.empty()) observer_error = s.ToString();
       const int32_t free = (*bm)->NumFreeBlocks();
@@ -117,7 +117,7 @@ TEST(BlockManagerConcurrencyTest, ThreadsShareOnePoolWithoutCorruptingIt) {
       (void)(*bm)->Fragmentation();
       (void)(*bm)->SequenceIds();
       ++observer_checks;
-    }
+    } while (!done.load());
   });
   std::vector<std::thread> workers;
   for (int w = 0; w < kWorkers; ++w)

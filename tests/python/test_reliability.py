@@ -92,9 +92,11 @@ def test_one_block_manager_shared_by_threads_stays_consistent():
     for t in threads:
         t.start()
     checks = 0
-    while any(t.is_alive() for t in threads):
+    while True:
         bm.verify_integrity()  # consistent between any two calls
         checks += 1
+        if not any(t.is_alive() for t in threads):
+            break
     for t in threads:
         t.join()
     assert not errors, errors
