@@ -34,8 +34,10 @@ def _hammer_block_manager(bm, worker, seed, errors):
     live = []
     next_id = worker * 1000
     try:
-        for _ in range(300):
-            op = rng.integers(0, 6) if live else 0
+        for _ in range(1500):
+            # Compaction (which runs without the GIL) is the most frequent operation.
+            op = min(int(rng.integers(0, 9)), 5) if live else 0
+            op = 4 if op == 5 and rng.integers(3) else op
             try:
                 if op == 0 and len(live) < 6:
                     n = int(rng.integers(1, 30))
