@@ -20,7 +20,7 @@ class PreemptionStressTest
 TEST_P(PreemptionStressTest, EveryRequestCompletesAndSwapIsExact) {
   const auto& [policy, mode] = GetParam();
   stress::Options opts;
-  opts.num_requests = 300;
+  opts.num_requests = 200;
   opts.seed = 5;
   SCOPED_TRACE(::testing::Message() << "policy " << policy << ", seed " << opts.seed);
   const PolicyConfig config = stress::SmallPolicy(policy);
