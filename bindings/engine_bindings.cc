@@ -58,7 +58,8 @@ void BindEngine(py::module_& m) {
       .def(py::init([](const std::string& model_dir, py::object policy, int32_t block_size,
                        int32_t num_blocks, int32_t num_host_blocks, int32_t max_batch,
                        int32_t watermark_blocks, const std::string& preemption, int32_t num_threads,
-                       int32_t max_model_len, bool verify_integrity, bool allow_nonfinite) {
+                       int32_t max_model_len, bool verify_integrity, bool batch_invariant,
+                       bool allow_nonfinite) {
              EngineConfig c;
              c.policy = PolicyConfigFromPython(policy);
              c.block_size = block_size;
@@ -70,6 +71,7 @@ void BindEngine(py::module_& m) {
              c.num_threads = num_threads;
              c.max_model_len = max_model_len;
              c.verify_integrity = verify_integrity;
+             c.batch_invariant = batch_invariant;
              c.allow_nonfinite_weights = allow_nonfinite;
              return Unwrap(WithoutGil([&] { return Engine::FromModelDir(model_dir, c); }));
            }),
@@ -77,7 +79,8 @@ void BindEngine(py::module_& m) {
            py::arg("num_blocks") = 0, py::arg("num_host_blocks") = 0, py::arg("max_batch") = 32,
            py::arg("watermark_blocks") = 0, py::arg("preemption") = "recompute",
            py::arg("num_threads") = 2, py::arg("max_model_len") = 0,
-           py::arg("verify_integrity") = false, py::arg("allow_nonfinite") = false)
+           py::arg("verify_integrity") = false, py::arg("batch_invariant") = true,
+           py::arg("allow_nonfinite") = false)
       .def(
           "add_request",
           [](Engine& e, int64_t id, std::vector<int32_t> prompt, int32_t max_new_tokens,
@@ -123,6 +126,10 @@ void BindEngine(py::module_& m) {
       .def_property_readonly(
           "has_unfinished",
           [](const Engine& e) { return WithoutGil([&] { return e.HasUnfinished(); }); })
+      .def_property_readonly(
+          "num_running",
+          [](const Engine& e) { return WithoutGil([&] { return e.num_running(); }); },
+          "Sequences running after the last step (the running batch).")
       .def("stats_json",
            [](const Engine& e) { return WithoutGil([&] { return e.stats(); }).ToJson(); })
       .def_property_readonly("num_free_blocks",

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/check.h"
+#include "core/multiversion.h"
 
 namespace beaconkv {
 namespace {
@@ -21,6 +23,51 @@ std::vector<float> Normalised(const float* points, int32_t n, int32_t dim) {
     for (int32_t d = 0; d < dim; ++d) unit[static_cast<size_t>(i) * dim + d] = p[d] * inv;
   }
   return unit;
+}
+
+// 16 floats: one AVX-512 register in the avx512f clone, split by the compiler elsewhere.
+typedef float Vec16 __attribute__((vector_size(64)));
+// Points per inner block: four independent accumulators, so the FMA chains over `dim` overlap.
+constexpr int32_t kBlock = 64;
+
+// One FPS pick's update over every point: cos = unit_t^T pick, min_dist = min(min_dist,
+// 1 - cos); returns the largest min_dist. unit_t is [dim, stride] (points along a row, rows
+// padded to whole blocks), so the cosines of kBlock points are `dim` FMAs per accumulator and
+// no horizontal sums.
+BKV_MULTIVERSION float UpdateMinDistances(const float* unit_t, int32_t n, int32_t stride,
+                                          int32_t dim, const float* pick, float* min_dist) {
+  float far = -1.0f;
+  for (int32_t i0 = 0; i0 < n; i0 += kBlock) {
+    Vec16 acc0 = {}, acc1 = {}, acc2 = {}, acc3 = {};
+    for (int32_t d = 0; d < dim; ++d) {
+      const float* col = unit_t + static_cast<size_t>(d) * stride + i0;
+      Vec16 c0, c1, c2, c3;
+      std::memcpy(&c0, col, sizeof(Vec16));
+      std::memcpy(&c1, col + 16, sizeof(Vec16));
+      std::memcpy(&c2, col + 32, sizeof(Vec16));
+      std::memcpy(&c3, col + 48, sizeof(Vec16));
+      const float pd = pick[d];
+      acc0 += c0 * pd;
+      acc1 += c1 * pd;
+      acc2 += c2 * pd;
+      acc3 += c3 * pd;
+    }
+    // min_dist rows are padded too (see CosineFarthestPointOrder), so whole blocks are safe;
+    // padded lanes hold -1 and never win the max.
+    Vec16 far_v = {-1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f,
+                   -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -1.0f};
+    const Vec16* accs[4] = {&acc0, &acc1, &acc2, &acc3};
+    for (int32_t q = 0; q < 4; ++q) {
+      Vec16 md;
+      std::memcpy(&md, min_dist + i0 + 16 * q, sizeof(Vec16));
+      const Vec16 dist = 1.0f - *accs[q];
+      md = md < dist ? md : dist;
+      std::memcpy(min_dist + i0 + 16 * q, &md, sizeof(Vec16));
+      far_v = far_v > md ? far_v : md;
+    }
+    for (int32_t l = 0; l < 16; ++l) far = std::max(far, far_v[l]);
+  }
+  return far;
 }
 
 }  // namespace
@@ -52,30 +99,26 @@ std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, in
     }
   }
 
-  // One GEMV per pick: the cosines of every point to the newest pick.
-  auto cosines_to = [&](int32_t i) -> const float* {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, dim, 1.0f, unit.data(), dim, row(i), 1, 0.0f,
-                cos.data(), 1);
-    return cos.data();
-  };
+  // unit transposed, each row padded to whole blocks: [dim, stride].
+  const int32_t stride = (n + kBlock - 1) / kBlock * kBlock;
+  std::vector<float> unit_t(static_cast<size_t>(dim) * stride, 0.0f);
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t d = 0; d < dim; ++d) unit_t[static_cast<size_t>(d) * stride + i] = row(i)[d];
+  }
 
   // min_dist of a chosen point is -1, below every cosine distance (>= 0 up to rounding), so
-  // it is never picked again. Each pick: a min update and a max (both vectorise), then the
-  // first index holding the max (ties go to the earliest point).
+  // it is never picked again. Each pick: one fused cosine + min + max pass, then the first
+  // index holding the max (ties go to the earliest point).
   constexpr float kChosen = -1.0f;
-  std::vector<float> min_dist(n, 2.0f);
+  std::vector<float> min_dist(stride, kChosen);  // [stride]: padding never picked
+  std::fill_n(min_dist.begin(), n, 2.0f);
   float* md = min_dist.data();
   int32_t pick = seed;
   for (;;) {
     order.push_back(pick);
     md[pick] = kChosen;
     if (static_cast<int32_t>(order.size()) == count) break;
-    const float* c = cosines_to(pick);
-    float far = kChosen;
-    for (int32_t i = 0; i < n; ++i) {
-      md[i] = std::min(md[i], 1.0f - c[i]);
-      far = std::max(far, md[i]);
-    }
+    const float far = UpdateMinDistances(unit_t.data(), n, stride, dim, row(pick), md);
     pick = 0;
     while (md[pick] != far) ++pick;
   }

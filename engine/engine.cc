@@ -55,7 +55,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(ModelWeights weights,
                                                        const EngineConfig& config_in) {
   EngineConfig config = config_in;
   if (absl::Status s = ResolveEngineConfig(weights.config, &config); !s.ok()) return s;
-  absl::StatusOr<ModelRunner> runner = ModelRunner::Create(std::move(weights), config.num_threads);
+  absl::StatusOr<ModelRunner> runner =
+      ModelRunner::Create(std::move(weights), config.num_threads, config.batch_invariant);
   if (!runner.ok()) return runner.status();
   const ModelConfig& mc = runner->config();
   BlockManagerConfig bc;
@@ -268,6 +269,11 @@ EngineStats Engine::stats() const {
   return stats_;
 }
 
+int32_t Engine::num_running() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int32_t>(running_.size());
+}
+
 absl::Status Engine::Step(std::vector<RequestOutput>* finished) {
   const std::lock_guard<std::mutex> lock(mu_);
   return StepLocked(finished);
@@ -376,6 +382,7 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   if (!st.ok()) return st;
   if (!observe_status_.ok()) return std::exchange(observe_status_, absl::OkStatus());
   running_sum_ += static_cast<double>(rows);
+  used_blocks_sum_ += static_cast<double>(bm_->NumUsedBlocks());
   ++decode_steps_;
   UpdateMemoryStats();  // the peak is now, before the policy compresses
   std::vector<int64_t> done;
@@ -431,6 +438,7 @@ void Engine::UpdateMemoryStats() {
   stats_.peak_used_blocks = std::max(stats_.peak_used_blocks, bm_->NumUsedBlocks());
   stats_.peak_running = std::max(stats_.peak_running, static_cast<int32_t>(running_.size()));
   stats_.mean_running = decode_steps_ > 0 ? running_sum_ / decode_steps_ : 0.0;
+  stats_.mean_used_blocks = decode_steps_ > 0 ? used_blocks_sum_ / decode_steps_ : 0.0;
   for (int64_t id : running_) UpdatePeak(*seqs_.at(id));
 }
 

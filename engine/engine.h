@@ -48,6 +48,7 @@ class Engine {
   absl::Status Step(std::vector<RequestOutput>* finished);
   bool HasUnfinished() const;
   EngineStats stats() const;  // a copy, taken under the lock
+  int32_t num_running() const;
 
  private:
   struct SeqState {
@@ -94,6 +95,7 @@ class Engine {
   EngineStats stats_;
   absl::Status observe_status_;  // first policy Observe error of the current step
   double running_sum_ = 0;
+  double used_blocks_sum_ = 0;  // device blocks in use at each decode step's forward pass
   int64_t decode_steps_ = 0;
   mutable std::mutex mu_;  // taken by every public method; never re-entered
 };

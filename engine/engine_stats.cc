@@ -12,6 +12,7 @@ std::string EngineStats::ToJson() const {
   j["wall_seconds"] = wall_seconds;
   j["peak_running"] = peak_running;
   j["mean_running"] = mean_running;
+  j["mean_used_blocks"] = mean_used_blocks;
   j["peak_used_blocks"] = peak_used_blocks;
   j["preemptions"] = {{"recompute", preemptions_recompute}, {"swap", preemptions_swap}};
   j["compressions"] = compressions;

@@ -23,6 +23,11 @@ struct EngineConfig {
   PreemptionMode preemption = PreemptionMode::kRecompute;
   PolicyConfig policy = FullConfig{};
   int32_t num_threads = 2;
+  // Every Linear as fixed-order dot products: a sequence's tokens do not depend on what it is
+  // batched with, and swap/recompute reproduce an unpreempted run exactly. Off: OpenBLAS
+  // GEMMs, faster as the batch grows (1.2-1.7x at batch 8-64 on the tiny model, docs/engine.md),
+  // equal up to float rounding.
+  bool batch_invariant = true;
   int32_t max_model_len = 0;      // 0 = the model's max_position_embeddings
   int32_t eos_token_id = -1;      // -1: from the tokenizer (FromModelDir) / never stop on eos
   bool verify_integrity = false;  // VerifyIntegrity() after every step (tests)
@@ -58,7 +63,8 @@ struct EngineStats {
   int64_t generated_tokens = 0;
   double wall_seconds = 0;
   int32_t peak_running = 0;
-  double mean_running = 0;  // over decode steps
+  double mean_running = 0;      // over decode steps
+  double mean_used_blocks = 0;  // over decode steps, at the forward pass (before eviction)
   int32_t peak_used_blocks = 0;
   int64_t preemptions_recompute = 0;
   int64_t preemptions_swap = 0;

@@ -18,14 +18,26 @@ double Now() {
 
 }  // namespace
 
-absl::StatusOr<ModelRunner> ModelRunner::Create(ModelWeights weights, int num_threads) {
+absl::StatusOr<ModelRunner> ModelRunner::Create(ModelWeights weights, int num_threads,
+                                                bool batch_invariant) {
   if (absl::Status s = weights.config.Validate(); !s.ok()) return s;
   RopeConfig rc;
   rc.head_dim = weights.config.head_dim;
   rc.rope_theta = weights.config.rope_theta;
   absl::StatusOr<Rope> rope = Rope::Create(rc);
   if (!rope.ok()) return rope.status();
-  return ModelRunner(std::move(weights), *std::move(rope), num_threads < 1 ? 1 : num_threads);
+  SetBlasSingleThreaded();
+  return ModelRunner(std::move(weights), *std::move(rope), num_threads < 1 ? 1 : num_threads,
+                     batch_invariant);
+}
+
+void ModelRunner::Dense(const float* x, const std::vector<float>& w, const float* bias,
+                        int64_t rows, int64_t in, int64_t out, float* y) const {
+  if (batch_invariant_) {
+    Linear(x, w.data(), bias, rows, in, out, y, num_threads_);
+  } else {
+    LinearGemm(x, w.data(), bias, rows, in, out, y, num_threads_);
+  }
 }
 
 void ModelRunner::ProjectQkv(const LayerWeights& lw, const float* h, int64_t rows,
@@ -34,9 +46,9 @@ void ModelRunner::ProjectQkv(const LayerWeights& lw, const float* h, int64_t row
   const ModelConfig& c = config();
   const int64_t d = c.head_dim, hq = c.num_heads * d, hkv = c.num_kv_heads * d;
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
-  Linear(h, lw.q_proj.data(), bias(lw.q_bias), rows, c.hidden_size, hq, q, num_threads_);
-  Linear(h, lw.k_proj.data(), bias(lw.k_bias), rows, c.hidden_size, hkv, k, num_threads_);
-  Linear(h, lw.v_proj.data(), bias(lw.v_bias), rows, c.hidden_size, hkv, v, num_threads_);
+  Dense(h, lw.q_proj, bias(lw.q_bias), rows, c.hidden_size, hq, q);
+  Dense(h, lw.k_proj, bias(lw.k_bias), rows, c.hidden_size, hkv, k);
+  Dense(h, lw.v_proj, bias(lw.v_bias), rows, c.hidden_size, hkv, v);
   if (!lw.q_norm.empty()) RmsNorm(q, lw.q_norm.data(), rows * c.num_heads, d, c.rms_norm_eps, q);
   if (!lw.k_norm.empty()) RmsNorm(k, lw.k_norm.data(), rows * c.num_kv_heads, d, c.rms_norm_eps, k);
   std::copy_n(q, rows * hq, q_pre);
@@ -51,10 +63,10 @@ void ModelRunner::Mlp(const LayerWeights& lw, float* x, int64_t rows) const {
   const int64_t hid = c.hidden_size, inter = c.intermediate_size;
   std::vector<float> h(rows * hid), gate(rows * inter), up(rows * inter), down(rows * hid);
   RmsNorm(x, lw.post_norm.data(), rows, hid, c.rms_norm_eps, h.data());
-  Linear(h.data(), lw.gate_proj.data(), nullptr, rows, hid, inter, gate.data(), num_threads_);
-  Linear(h.data(), lw.up_proj.data(), nullptr, rows, hid, inter, up.data(), num_threads_);
+  Dense(h.data(), lw.gate_proj, nullptr, rows, hid, inter, gate.data());
+  Dense(h.data(), lw.up_proj, nullptr, rows, hid, inter, up.data());
   SiluMul(gate.data(), up.data(), rows * inter);
-  Linear(gate.data(), lw.down_proj.data(), nullptr, rows, inter, hid, down.data(), num_threads_);
+  Dense(gate.data(), lw.down_proj, nullptr, rows, inter, hid, down.data());
   for (int64_t i = 0; i < rows * hid; ++i) x[i] += down[i];
 }
 
@@ -62,8 +74,7 @@ void ModelRunner::Logits(const float* x, int64_t rows, float* logits) const {
   const ModelConfig& c = config();
   std::vector<float> h(rows * c.hidden_size);
   RmsNorm(x, weights_.final_norm.data(), rows, c.hidden_size, c.rms_norm_eps, h.data());
-  Linear(h.data(), weights_.lm_head.data(), nullptr, rows, c.hidden_size, c.vocab_size, logits,
-         num_threads_);
+  Dense(h.data(), weights_.lm_head, nullptr, rows, c.hidden_size, c.vocab_size, logits);
 }
 
 absl::Status ModelRunner::Prefill(SequenceId seq, absl::Span<const int32_t> tokens,
@@ -128,7 +139,7 @@ absl::Status ModelRunner::Prefill(SequenceId seq, absl::Span<const int32_t> toke
         }
       }
     }
-    Linear(attn.data(), lw.o_proj.data(), nullptr, n, hq, hid, o.data(), num_threads_);
+    Dense(attn.data(), lw.o_proj, nullptr, n, hq, hid, o.data());
     for (int64_t i = 0; i < n * hid; ++i) x[i] += o[i];
     Mlp(lw, x.data(), n);
   }
@@ -218,7 +229,7 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
           (*sink)(static_cast<int32_t>(b), l, g, positions[b],
                   q_pre.data() + b * hq + g * group * d, q.data() + b * hq + g * group * d);
     }
-    Linear(attn.data(), lw.o_proj.data(), nullptr, rows, hq, hid, o.data(), num_threads_);
+    Dense(attn.data(), lw.o_proj, nullptr, rows, hq, hid, o.data());
     for (int64_t i = 0; i < rows * hid; ++i) x[i] += o[i];
     Mlp(lw, x.data(), rows);
   }

@@ -22,7 +22,10 @@ using QuerySink = std::function<void(int32_t row, int32_t layer, int32_t kv_head
 
 class ModelRunner {
  public:
-  static absl::StatusOr<ModelRunner> Create(ModelWeights weights, int num_threads);
+  // batch_invariant: every Linear as one fixed-order dot product per output element, so a
+  // row's result does not depend on the batch (tests, accuracy runs); otherwise OpenBLAS GEMMs.
+  static absl::StatusOr<ModelRunner> Create(ModelWeights weights, int num_threads,
+                                            bool batch_invariant = true);
 
   const ModelConfig& config() const { return weights_.config; }
   int32_t group_size() const { return config().num_heads / config().num_kv_heads; }
@@ -44,8 +47,15 @@ class ModelRunner {
                       float* logits, double* attention_seconds) const;
 
  private:
-  ModelRunner(ModelWeights weights, Rope rope, int num_threads)
-      : weights_(std::move(weights)), rope_(std::move(rope)), num_threads_(num_threads) {}
+  ModelRunner(ModelWeights weights, Rope rope, int num_threads, bool batch_invariant)
+      : weights_(std::move(weights)),
+        rope_(std::move(rope)),
+        num_threads_(num_threads),
+        batch_invariant_(batch_invariant) {}
+
+  // y = x w^T (+ bias) by the path this runner was created with.
+  void Dense(const float* x, const std::vector<float>& w, const float* bias, int64_t rows,
+             int64_t in, int64_t out, float* y) const;
 
   // q, k, v projections of `rows` normalised rows of one layer, with bias / q-k norms,
   // pre-RoPE q saved to q_pre, then RoPE applied to q and k in place.
@@ -59,6 +69,7 @@ class ModelRunner {
   ModelWeights weights_;
   Rope rope_;
   int num_threads_;
+  bool batch_invariant_;
 };
 
 }  // namespace beaconkv

@@ -1,5 +1,6 @@
-// The dense math of the CPU model runner. Every output element is computed by the same code
-// whatever the batch size, so a sequence's logits do not depend on what it is batched with.
+// The dense math of the CPU model runner. `Linear` computes every output element by the same
+// code whatever the batch size, so a sequence's logits do not depend on what it is batched
+// with; `LinearGemm` is the fast path for many rows, whose rounding may depend on the batch.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,19 @@ void Linear(const float* x,     // [rows, in]
             int64_t rows, int64_t in, int64_t out,
             float* y,  // [rows, out]
             int num_threads);
+
+// Same result as Linear up to rounding, as OpenBLAS sgemm calls: one per thread over a slice
+// of the output features (OpenBLAS itself runs single-threaded, see SetBlasSingleThreaded).
+void LinearGemm(const float* x,     // [rows, in]
+                const float* w,     // [out, in]
+                const float* bias,  // [out] or null
+                int64_t rows, int64_t in, int64_t out,
+                float* y,  // [rows, out]
+                int num_threads);
+
+// Makes OpenBLAS run every call on the calling thread (process-wide, idempotent): the engine
+// splits work with OpenMP, and a second pool of spinning threads would fight it for cores.
+void SetBlasSingleThreaded();
 
 // y = x / sqrt(mean(x^2) + eps) * weight, per row.
 void RmsNorm(const float* x,       // [rows, dim]

@@ -4,15 +4,70 @@
 #include <cmath>
 #include <vector>
 
+#include "core/multiversion.h"
+#include "core/scoring.h"
+
 namespace beaconkv::kernels {
 namespace {
 
-float Dot(const float* a, const float* b, int64_t n) {
-  float acc = 0.0f;
+// One (row, kv head): every query head of the GQA group against the head's n slots, each key
+// and value loaded once for the group. D > 0 fixes head_dim at compile time so the output
+// accumulators stay in registers; D == 0 reads it from `d`. Every output element is summed
+// over the slots in logical order whatever D, so the result does not depend on the block size.
+template <int D>
+[[gnu::always_inline]] inline void HeadAttention(const float* qg, int32_t group,
+                                                 const float* k_cache, const float* v_cache,
+                                                 const int32_t* table, int32_t n, int32_t bs,
+                                                 int64_t d_runtime, float scale,
+                                                 float* p,     // [group, n] scratch
+                                                 float* og) {  // [group, d]
+  const int64_t d = D > 0 ? D : d_runtime;
+  for (int32_t j0 = 0, bi = 0; j0 < n; j0 += bs, ++bi) {
+    const float* kb = k_cache + int64_t{table[bi]} * bs * d;
+    const int32_t m = std::min<int32_t>(bs, n - j0);
+    for (int32_t o = 0; o < m; ++o) {
+      const float* kj = kb + o * d;
+      for (int32_t h = 0; h < group; ++h) {
+        const float* qh = qg + h * d;
+        float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
+        for (int64_t e = 0; e < d; ++e) acc += qh[e] * kj[e];
+        p[int64_t{h} * n + j0 + o] = acc * scale;
+      }
+    }
+  }
+  // The scoring pipeline's vectorised softmax: std::exp per element dominated the step.
+  for (int32_t h = 0; h < group; ++h) SoftmaxInPlace(p + int64_t{h} * n, n);
+  for (int32_t h = 0; h < group; ++h) {
+    const float* ph = p + int64_t{h} * n;
+    float acc[D > 0 ? D : 1];
+    float* out = D > 0 ? acc : og + h * d;
+    std::fill_n(out, d, 0.0f);
+    for (int32_t j0 = 0, bi = 0; j0 < n; j0 += bs, ++bi) {
+      const float* vb = v_cache + int64_t{table[bi]} * bs * d;
+      const int32_t m = std::min<int32_t>(bs, n - j0);
+      for (int32_t o = 0; o < m; ++o) {
+        const float pj = ph[j0 + o];
+        const float* vj = vb + o * d;
+        for (int64_t e = 0; e < d; ++e) out[e] += pj * vj[e];
+      }
+    }
+    if (D > 0) std::copy_n(acc, d, og + h * d);
+  }
 }
+
+// One clone per ISA of each head size (the template inlines into each).
+#define BKV_HEAD_ATTENTION(NAME, D)                                                             \
+  BKV_MULTIVERSION void NAME(const float* qg, int32_t group, const float* k_cache,              \
+                             const float* v_cache, const int32_t* table, int32_t n, int32_t bs, \
+                             int64_t d, float scale, float* p, float* og) {                     \
+    HeadAttention<D>(qg, group, k_cache, v_cache, table, n, bs, d, scale, p, og);               \
+  }
+BKV_HEAD_ATTENTION(HeadAttention32, 32)
+BKV_HEAD_ATTENTION(HeadAttention64, 64)
+BKV_HEAD_ATTENTION(HeadAttention128, 128)
+BKV_HEAD_ATTENTION(HeadAttentionAny, 0)
+#undef BKV_HEAD_ATTENTION
 
 }  // namespace
 
@@ -20,51 +75,25 @@ void PagedDecodeAttentionCpu(const float* q, const float* k_cache, const float* 
                              const int32_t* block_tables, const int32_t* lengths,
                              const PagedAttentionShape& s, float scale, float* out,
                              int num_threads) {
-  const int64_t d = s.head_dim, bs = s.block_size;
+  const int64_t d = s.head_dim;
   const int32_t group = s.num_heads / s.num_kv_heads;
+  auto* head_attention = d == 32    ? &HeadAttention32
+                         : d == 64  ? &HeadAttention64
+                         : d == 128 ? &HeadAttention128
+                                    : &HeadAttentionAny;
   int64_t work = 0;
   for (int64_t i = 0; i < int64_t{s.rows} * s.num_kv_heads; ++i) work += lengths[i];
   work *= int64_t{group} * d;
   const bool parallel = num_threads > 1 && work >= (1 << 18);
-  // One task per (row, kv head): each key and value is loaded once for the whole GQA group.
 #pragma omp parallel for num_threads(num_threads) if (parallel) schedule(dynamic, 1) collapse(2)
   for (int32_t b = 0; b < s.rows; ++b) {
     for (int32_t g = 0; g < s.num_kv_heads; ++g) {
       const int64_t head = int64_t{b} * s.num_kv_heads + g;
       const int32_t n = lengths[head];
-      const int32_t* table = block_tables + head * s.max_blocks;
-      const float* qg = q + (int64_t{b} * s.num_heads + int64_t{g} * group) * d;
-      float* og = out + (int64_t{b} * s.num_heads + int64_t{g} * group) * d;
+      const int64_t first = (int64_t{b} * s.num_heads + int64_t{g} * group) * d;
       std::vector<float> p(static_cast<size_t>(group) * n);  // [group, n]
-      for (int32_t j0 = 0, bi = 0; j0 < n; j0 += s.block_size, ++bi) {
-        const float* kb = k_cache + int64_t{table[bi]} * bs * d;
-        const int32_t m = std::min<int32_t>(s.block_size, n - j0);
-        for (int32_t o = 0; o < m; ++o)
-          for (int32_t h = 0; h < group; ++h)
-            p[int64_t{h} * n + j0 + o] = Dot(qg + h * d, kb + o * d, d) * scale;
-      }
-      for (int32_t h = 0; h < group; ++h) {
-        float* ph = p.data() + int64_t{h} * n;
-        if (n == 0) continue;
-        const float mx = *std::max_element(ph, ph + n);
-        float sum = 0.0f;
-        for (int32_t j = 0; j < n; ++j) sum += ph[j] = std::exp(ph[j] - mx);
-        const float inv = 1.0f / sum;
-        for (int32_t j = 0; j < n; ++j) ph[j] *= inv;
-      }
-      std::fill_n(og, int64_t{group} * d, 0.0f);
-      for (int32_t j0 = 0, bi = 0; j0 < n; j0 += s.block_size, ++bi) {
-        const float* vb = v_cache + int64_t{table[bi]} * bs * d;
-        const int32_t m = std::min<int32_t>(s.block_size, n - j0);
-        for (int32_t o = 0; o < m; ++o) {
-          const float* vj = vb + o * d;
-          for (int32_t h = 0; h < group; ++h) {
-            const float pj = p[int64_t{h} * n + j0 + o];
-            float* oh = og + h * d;
-            for (int64_t e = 0; e < d; ++e) oh[e] += pj * vj[e];
-          }
-        }
-      }
+      head_attention(q + first, group, k_cache, v_cache, block_tables + head * s.max_blocks, n,
+                     s.block_size, d, scale, p.data(), out + first);
     }
   }
 }

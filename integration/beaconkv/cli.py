@@ -1,4 +1,4 @@
-"""The ``beaconkv`` command line: generate, eval, demo."""
+"""The ``beaconkv`` command line: generate, eval, demo, analyze, bench throughput."""
 
 from __future__ import annotations
 
@@ -67,7 +67,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.teacher_forced:
         line += (f" token_agreement={r['token_agreement']:.4f} "
                  f"retrieval_accuracy={r['retrieval_accuracy']:.4f} mean_kl={r['mean_kl']:.5f}")
+    if r["out_of_memory"]:
+        line += f" out_of_memory={r['out_of_memory']}"
     print(line)
+    if r["out_of_memory"]:
+        print(f"beaconkv eval: {r['out_of_memory']} of {r['num_problems']} requests ran out of KV "
+              f"memory and are scored as wrong; raise --kv-blocks", file=sys.stderr)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(r, f, indent=1)
@@ -130,8 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     from .analyze_cli import add_analyze_parser
+    from .throughput import add_bench_parser
 
     add_analyze_parser(sub)
+    add_bench_parser(sub, default_model_dir())
     return parser
 
 

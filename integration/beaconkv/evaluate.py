@@ -72,6 +72,7 @@ class EvalResult:
     tokens_per_second: float
     wall_seconds: float
     preemptions: int
+    out_of_memory: int  # requests the pool could not hold to the end (scored as wrong)
     engine_stats: dict
 
     def as_dict(self) -> dict:
@@ -151,6 +152,7 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
         compression_ratio=full / peak if peak else 1.0,
         tokens_per_second=gen_tokens / wall if wall > 0 else 0.0, wall_seconds=wall,
         preemptions=stats["preemptions"]["recompute"] + stats["preemptions"]["swap"],
+        out_of_memory=sum(o["finish_reason"] == "out_of_memory" for o in outputs),
         engine_stats=stats)
 
 
@@ -214,6 +216,11 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
             full_cache[key] = full
     cfg = make_policy(policy, budget, **(policy_knobs or {}))
     outs, wall, stats = _forced_run(model_dir, problems, tok, cfg, *common, f"forced {policy}")
+    oom = sorted(i for i, o in outs.items() if o["finish_reason"] == "out_of_memory")
+    if oom:
+        # A truncated run has no logits to compare past the point it stopped.
+        raise ValueError(f"{len(oom)} of {len(problems)} teacher-forced requests ran out of KV "
+                         f"memory (first: problem {oom[0]}); raise --kv-blocks")
     agree = kl_sum = 0.0
     positions = 0
     ret_hit = ret_full_hit = ret_total = exact = 0
@@ -245,5 +252,6 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
         "retrieval_accuracy": ret_hit / ret_total if ret_total else float("nan"),
         "full_retrieval_accuracy": ret_full_hit / ret_total if ret_total else float("nan"),
         "preemptions": stats["preemptions"]["recompute"] + stats["preemptions"]["swap"],
+        "out_of_memory": sum(o["finish_reason"] == "out_of_memory" for o in outs.values()),
         "engine_stats": stats,
     }

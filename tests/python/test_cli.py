@@ -70,3 +70,14 @@ def test_errors_are_one_line_without_traceback(args, message):
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
     assert message in r.stderr
+
+
+def test_eval_counts_requests_that_ran_out_of_memory(tmp_path):
+    out = tmp_path / "r.json"
+    r = cli("eval", "--model", MODEL, "--num", "2", "--kv-blocks", "50", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "out_of_memory=2" in r.stdout
+    assert "2 of 2 requests ran out of KV memory" in r.stderr
+    assert json.loads(out.read_text())["out_of_memory"] == 2
+    forced = cli("eval", "--model", MODEL, "--num", "1", "--kv-blocks", "50", "--teacher-forced")
+    assert forced.returncode == 1 and "ran out of KV memory" in forced.stderr

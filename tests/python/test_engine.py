@@ -169,3 +169,22 @@ def test_bad_model_directory_names_the_file(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises((ValueError, RuntimeError), match="config.json"):
         beaconkv.Engine(str(tmp_path))
+
+
+def test_gemm_path_agrees_with_the_batch_invariant_path(prompts, tok):
+    ids, problems = prompts
+
+    def forced_logits(batch_invariant):
+        eng = beaconkv.Engine(MODEL, max_batch=4, batch_invariant=batch_invariant)
+        for i, (p, prob) in enumerate(zip(ids, problems)):
+            eng.add_request(i, p, forced_output=tok.encode(prob["target"])[:48],
+                            return_logits=True, max_new_tokens=64)
+        return {o["id"]: o["logits"] for o in eng.run()}
+
+    exact, fast = forced_logits(True), forced_logits(False)
+    for i in range(len(ids)):
+        scale = np.abs(exact[i]).max(axis=1, keepdims=True)
+        assert np.all(np.abs(fast[i] - exact[i]) <= 1e-4 * scale), i
+    greedy_exact, _ = generate(ids, max_new=60, max_batch=4)
+    greedy_fast, _ = generate(ids, max_new=60, max_batch=4, batch_invariant=False)
+    assert greedy_fast == greedy_exact
