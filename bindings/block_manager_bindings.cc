@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_format.h"
 #include "bindings/status_cast.h"
 #include "block_manager/block_manager.h"
+#include "block_manager/memory_check.h"
 
 namespace py = pybind11;
 
@@ -22,6 +24,10 @@ using py_util::Check;
 using py_util::Unwrap;
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
+// Thread safety: every method runs its C++ work (manager calls and the K/V copies into and
+// out of the store) under `mu_`, taken with the GIL released, so one Python call is atomic
+// with respect to the others and no thread ever waits for `mu_` while holding the GIL.
+// Statuses are converted to exceptions after the GIL is re-acquired.
 class PyBlockManager {
  public:
   PyBlockManager(int32_t num_layers, int32_t num_kv_heads, int32_t head_dim, int32_t block_size,
@@ -31,11 +37,25 @@ class PyBlockManager {
     config.num_blocks = num_blocks;
     config.num_host_blocks = num_host_blocks;
     Check(BlockManager::ValidateConfig(config));
+    const int64_t device = CpuKvStoreBytes(num_blocks, block_size, head_dim);
+    const int64_t host = CpuKvStoreBytes(num_host_blocks, block_size, head_dim);
+    Check(CheckHostMemory(device < 0 || host < 0 ? -1 : device + host,
+                          absl::StrFormat("BlockManager of num_blocks=%d + num_host_blocks=%d",
+                                          num_blocks, num_host_blocks)));
     store_ = std::make_unique<CpuKvStore>(num_blocks, block_size, head_dim);
     manager_ = Unwrap(BlockManager::Create(config, store_.get()));
   }
 
   const KvShape& shape() const { return manager_->shape(); }
+
+  // Runs `f` under `mu_` with the GIL released; returns its result with the GIL held again.
+  template <typename F>
+  auto Locked(F&& f) -> decltype(f()) {
+    return py_util::WithoutGil([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return f();
+    });
+  }
 
   void AddSequence(SequenceId id, int32_t prompt_len, py::object keys, py::object values) {
     const KvShape& s = shape();
@@ -44,15 +64,22 @@ class PyBlockManager {
       k = CheckedArray(keys, "keys", {s.num_layers, s.num_kv_heads, prompt_len, s.head_dim});
       v = CheckedArray(values, "values", {s.num_layers, s.num_kv_heads, prompt_len, s.head_dim});
     }
-    Check(manager_->AddSequence(id, prompt_len));
-    if (k.size() == 0) return;
-    for (int32_t l = 0; l < s.num_layers; ++l)
-      for (int32_t h = 0; h < s.num_kv_heads; ++h)
+    // [num_layers, num_kv_heads, prompt_len, head_dim], or null.
+    const float* kp = k.size() != 0 ? k.data() : nullptr;
+    const float* vp = v.size() != 0 ? v.data() : nullptr;
+    Check(Locked([&]() -> absl::Status {
+      if (absl::Status st = manager_->AddSequence(id, prompt_len); !st.ok() || kp == nullptr)
+        return st;
+      const int64_t d = s.head_dim;
+      for (int32_t h = 0; h < s.num_heads_total(); ++h)
         for (int32_t t = 0; t < prompt_len; ++t) {
-          const SlotRef slot = Unwrap(manager_->Slot(id, l, h, t));
-          std::copy_n(k.data(l, h, t, 0), s.head_dim, store_->key(slot));
-          std::copy_n(v.data(l, h, t, 0), s.head_dim, store_->value(slot));
+          const SlotRef slot = *manager_->Slot(id, h / s.num_kv_heads, h % s.num_kv_heads, t);
+          const int64_t at = (static_cast<int64_t>(h) * prompt_len + t) * d;
+          std::copy_n(kp + at, d, store_->key(slot));
+          std::copy_n(vp + at, d, store_->value(slot));
         }
+      return absl::OkStatus();
+    }));
   }
 
   void AppendToken(SequenceId id, py::object keys, py::object values) {
@@ -62,26 +89,28 @@ class PyBlockManager {
       k = CheckedArray(keys, "keys", {s.num_layers, s.num_kv_heads, s.head_dim});
       v = CheckedArray(values, "values", {s.num_layers, s.num_kv_heads, s.head_dim});
     }
-    std::vector<SlotRef> slots(s.num_heads_total());
-    Check(manager_->AppendToken(id, absl::MakeSpan(slots)));
-    if (k.size() == 0) return;
-    for (int32_t l = 0; l < s.num_layers; ++l)
-      for (int32_t h = 0; h < s.num_kv_heads; ++h) {
-        const SlotRef slot = slots[s.HeadIndex(l, h)];
-        std::copy_n(k.data(l, h, 0), s.head_dim, store_->key(slot));
-        std::copy_n(v.data(l, h, 0), s.head_dim, store_->value(slot));
+    // [num_layers, num_kv_heads, head_dim], or null.
+    const float* kp = k.size() != 0 ? k.data() : nullptr;
+    const float* vp = v.size() != 0 ? v.data() : nullptr;
+    Check(Locked([&]() -> absl::Status {
+      std::vector<SlotRef> slots(s.num_heads_total());
+      if (absl::Status st = manager_->AppendToken(id, absl::MakeSpan(slots));
+          !st.ok() || kp == nullptr)
+        return st;
+      const int64_t d = s.head_dim;
+      for (int32_t h = 0; h < s.num_heads_total(); ++h) {
+        std::copy_n(kp + h * d, d, store_->key(slots[h]));
+        std::copy_n(vp + h * d, d, store_->value(slots[h]));
       }
+      return absl::OkStatus();
+    }));
   }
 
   py::dict ApplyKeepSets(SequenceId id,
                          const std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>>& keep) {
     std::vector<KeepSet> sets;
     for (const auto& [head, slots] : keep) sets.push_back({head.first, head.second, slots});
-    CompactionPlan plan;
-    {
-      py::gil_scoped_release release;
-      plan = Unwrap(manager_->ApplyKeepSets(id, sets));
-    }
+    const CompactionPlan plan = Unwrap(Locked([&] { return manager_->ApplyKeepSets(id, sets); }));
     py::dict out;
     out["tokens_evicted"] = plan.tokens_evicted;
     out["blocks_freed"] = plan.blocks_freed;
@@ -91,24 +120,40 @@ class PyBlockManager {
     return out;
   }
 
-  py::tuple ReadHead(SequenceId id, int32_t layer, int32_t kv_head) const {
-    const int32_t n = Unwrap(manager_->RetainedTokens(id, layer, kv_head));
-    if (Unwrap(manager_->IsSwappedOut(id))) {
-      throw py::value_error(absl::StrFormat("sequence %d is swapped out", id));
-    }
+  py::tuple ReadHead(SequenceId id, int32_t layer, int32_t kv_head) {
     const int32_t d = shape().head_dim;
-    FloatArray k({n, d}), v({n, d});
-    py::array_t<int32_t> pos(n);
-    for (int32_t t = 0; t < n; ++t) {
-      const SlotRef slot = Unwrap(manager_->Slot(id, layer, kv_head, t));
-      std::copy_n(store_->key(slot), d, k.mutable_data(t, 0));
-      std::copy_n(store_->value(slot), d, v.mutable_data(t, 0));
-      pos.mutable_at(t) = store_->position(slot);
-    }
-    return py::make_tuple(k, v, pos);
+    std::vector<float> k, v;   // [n, head_dim]
+    std::vector<int32_t> pos;  // [n]
+    Check(Locked([&]() -> absl::Status {
+      absl::StatusOr<int32_t> n = manager_->RetainedTokens(id, layer, kv_head);
+      if (!n.ok()) return n.status();
+      if (*manager_->IsSwappedOut(id))
+        return absl::FailedPreconditionError(absl::StrFormat("sequence %d is swapped out", id));
+      k.resize(static_cast<size_t>(*n) * d);
+      v.resize(k.size());
+      pos.resize(*n);
+      for (int32_t t = 0; t < *n; ++t) {
+        const SlotRef slot = *manager_->Slot(id, layer, kv_head, t);
+        std::copy_n(store_->key(slot), d, k.data() + static_cast<size_t>(t) * d);
+        std::copy_n(store_->value(slot), d, v.data() + static_cast<size_t>(t) * d);
+        pos[t] = store_->position(slot);
+      }
+      return absl::OkStatus();
+    }));
+    const py::ssize_t n = static_cast<py::ssize_t>(pos.size());
+    FloatArray ka({n, static_cast<py::ssize_t>(d)}), va({n, static_cast<py::ssize_t>(d)});
+    py::array_t<int32_t> pa(n);
+    std::copy(k.begin(), k.end(), ka.mutable_data());
+    std::copy(v.begin(), v.end(), va.mutable_data());
+    std::copy(pos.begin(), pos.end(), pa.mutable_data());
+    return py::make_tuple(ka, va, pa);
   }
 
-  BlockManager& manager() { return *manager_; }
+  // Every other call: `f(manager)` returning a Status or StatusOr, converted with the GIL held.
+  template <typename F>
+  auto Call(F&& f) {
+    return Locked([&] { return f(*manager_); });
+  }
 
  private:
   FloatArray CheckedArray(py::object obj, const char* name, std::vector<py::ssize_t> shape) {
@@ -127,6 +172,7 @@ class PyBlockManager {
     return a;
   }
 
+  std::mutex mu_;  // serializes every call's C++ work, store copies included
   std::unique_ptr<CpuKvStore> store_;
   std::unique_ptr<BlockManager> manager_;
 };
@@ -150,44 +196,76 @@ void BindBlockManager(py::module_& m) {
            py::arg("values") = py::none(),
            "Append one token to every head; keys/values [num_layers, num_kv_heads, head_dim].")
       .def(
-          "fork", [](PBM& b, SequenceId p, SequenceId c) { Check(b.manager().Fork(p, c)); },
+          "fork",
+          [](PBM& b, SequenceId p, SequenceId c) {
+            Check(b.Call([&](BlockManager& m) { return m.Fork(p, c); }));
+          },
           py::arg("parent"), py::arg("child"))
       .def(
-          "free", [](PBM& b, SequenceId id) { Check(b.manager().FreeSequence(id)); },
+          "free",
+          [](PBM& b, SequenceId id) {
+            Check(b.Call([&](BlockManager& m) { return m.FreeSequence(id); }));
+          },
           py::arg("seq_id"))
       .def(
-          "swap_out", [](PBM& b, SequenceId id) { Check(b.manager().SwapOut(id)); },
+          "swap_out",
+          [](PBM& b, SequenceId id) {
+            Check(b.Call([&](BlockManager& m) { return m.SwapOut(id); }));
+          },
           py::arg("seq_id"))
       .def(
-          "swap_in", [](PBM& b, SequenceId id) { Check(b.manager().SwapIn(id)); },
+          "swap_in",
+          [](PBM& b, SequenceId id) {
+            Check(b.Call([&](BlockManager& m) { return m.SwapIn(id); }));
+          },
           py::arg("seq_id"))
       .def("apply_keep_sets", &PBM::ApplyKeepSets, py::arg("seq_id"), py::arg("keep"),
            "keep: {(layer, kv_head): slot indexes to keep}. Returns compaction statistics.")
       .def("read_head", &PBM::ReadHead, py::arg("seq_id"), py::arg("layer"), py::arg("kv_head"),
            "(keys [n, head_dim], values [n, head_dim], positions [n]) of one head, slot order.")
-      .def_property_readonly("num_free_blocks", [](PBM& b) { return b.manager().NumFreeBlocks(); })
-      .def_property_readonly("num_used_blocks", [](PBM& b) { return b.manager().NumUsedBlocks(); })
-      .def_property_readonly("num_free_host_blocks",
-                             [](PBM& b) { return b.manager().NumFreeHostBlocks(); })
-      .def_property_readonly("usage", [](PBM& b) { return b.manager().Usage(); })
-      .def_property_readonly("fragmentation", [](PBM& b) { return b.manager().Fragmentation(); })
-      .def_property_readonly("sequence_ids", [](PBM& b) { return b.manager().SequenceIds(); })
-      .def("blocks_of", [](PBM& b, SequenceId id) { return Unwrap(b.manager().NumBlocksOf(id)); })
+      .def_property_readonly(
+          "num_free_blocks",
+          [](PBM& b) { return b.Call([](BlockManager& m) { return m.NumFreeBlocks(); }); })
+      .def_property_readonly(
+          "num_used_blocks",
+          [](PBM& b) { return b.Call([](BlockManager& m) { return m.NumUsedBlocks(); }); })
+      .def_property_readonly(
+          "num_free_host_blocks",
+          [](PBM& b) { return b.Call([](BlockManager& m) { return m.NumFreeHostBlocks(); }); })
+      .def_property_readonly(
+          "usage", [](PBM& b) { return b.Call([](BlockManager& m) { return m.Usage(); }); })
+      .def_property_readonly(
+          "fragmentation",
+          [](PBM& b) { return b.Call([](BlockManager& m) { return m.Fragmentation(); }); })
+      .def_property_readonly(
+          "sequence_ids",
+          [](PBM& b) { return b.Call([](BlockManager& m) { return m.SequenceIds(); }); })
+      .def("blocks_of",
+           [](PBM& b, SequenceId id) {
+             return Unwrap(b.Call([&](BlockManager& m) { return m.NumBlocksOf(id); }));
+           })
       .def("retained_tokens",
            [](PBM& b, SequenceId id, int32_t l, int32_t h) {
-             return Unwrap(b.manager().RetainedTokens(id, l, h));
+             return Unwrap(b.Call([&](BlockManager& m) { return m.RetainedTokens(id, l, h); }));
            })
       .def("block_table",
            [](PBM& b, SequenceId id, int32_t l, int32_t h) {
-             auto t = Unwrap(b.manager().BlockTable(id, l, h));
-             return std::vector<BlockId>(t.begin(), t.end());
+             // Copied under the lock: the span is only valid until the next change.
+             return Unwrap(b.Call([&](BlockManager& m) -> absl::StatusOr<std::vector<BlockId>> {
+               absl::StatusOr<absl::Span<const BlockId>> t = m.BlockTable(id, l, h);
+               if (!t.ok()) return t.status();
+               return std::vector<BlockId>(t->begin(), t->end());
+             }));
            })
       .def("is_swapped_out",
-           [](PBM& b, SequenceId id) { return Unwrap(b.manager().IsSwappedOut(id)); })
+           [](PBM& b, SequenceId id) {
+             return Unwrap(b.Call([&](BlockManager& m) { return m.IsSwappedOut(id); }));
+           })
       .def(
-          "free_list", [](PBM& b) { return b.manager().pool().FreeList(); },
+          "free_list", [](PBM& b) { return b.Call([](BlockManager& m) { return m.FreeList(); }); },
           "Free blocks in the order they will be taken.")
-      .def("verify_integrity", [](PBM& b) { Check(b.manager().VerifyIntegrity()); });
+      .def("verify_integrity",
+           [](PBM& b) { Check(b.Call([](BlockManager& m) { return m.VerifyIntegrity(); })); });
 }
 
 }  // namespace beaconkv

@@ -1,4 +1,6 @@
-// Python view of the reference engine. Runs release the GIL.
+// Python view of the reference engine. Every call into the Engine runs without the GIL (the
+// Engine serializes calls with its own mutex, so a thread waiting for it must not hold the
+// GIL); statuses are converted once the GIL is held again.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -20,6 +22,7 @@ namespace {
 
 using py_util::Check;
 using py_util::Unwrap;
+using py_util::WithoutGil;
 
 PreemptionMode ParsePreemption(const std::string& s) {
   if (s == "recompute") return PreemptionMode::kRecompute;
@@ -55,7 +58,8 @@ void BindEngine(py::module_& m) {
       .def(py::init([](const std::string& model_dir, py::object policy, int32_t block_size,
                        int32_t num_blocks, int32_t num_host_blocks, int32_t max_batch,
                        int32_t watermark_blocks, const std::string& preemption, int32_t num_threads,
-                       int32_t max_model_len, bool verify_integrity, bool batch_invariant) {
+                       int32_t max_model_len, bool verify_integrity, bool batch_invariant,
+                       bool allow_nonfinite) {
              EngineConfig c;
              c.policy = PolicyConfigFromPython(policy);
              c.block_size = block_size;
@@ -68,20 +72,15 @@ void BindEngine(py::module_& m) {
              c.max_model_len = max_model_len;
              c.verify_integrity = verify_integrity;
              c.batch_invariant = batch_invariant;
-             std::unique_ptr<Engine> e;
-             {
-               py::gil_scoped_release release;
-               absl::StatusOr<std::unique_ptr<Engine>> made = Engine::FromModelDir(model_dir, c);
-               py::gil_scoped_acquire acquire;
-               e = Unwrap(std::move(made));
-             }
-             return e;
+             c.allow_nonfinite_weights = allow_nonfinite;
+             return Unwrap(WithoutGil([&] { return Engine::FromModelDir(model_dir, c); }));
            }),
            py::arg("model_dir"), py::arg("policy") = "full", py::arg("block_size") = 16,
            py::arg("num_blocks") = 0, py::arg("num_host_blocks") = 0, py::arg("max_batch") = 32,
            py::arg("watermark_blocks") = 0, py::arg("preemption") = "recompute",
            py::arg("num_threads") = 2, py::arg("max_model_len") = 0,
-           py::arg("verify_integrity") = false, py::arg("batch_invariant") = true)
+           py::arg("verify_integrity") = false, py::arg("batch_invariant") = true,
+           py::arg("allow_nonfinite") = false)
       .def(
           "add_request",
           [](Engine& e, int64_t id, std::vector<int32_t> prompt, int32_t max_new_tokens,
@@ -97,7 +96,7 @@ void BindEngine(py::module_& m) {
             r.sampling.ignore_eos = ignore_eos;
             r.forced_output = std::move(forced_output);
             r.return_logits = return_logits;
-            Check(e.AddRequest(std::move(r)));
+            Check(WithoutGil([&] { return e.AddRequest(std::move(r)); }));
           },
           py::arg("request_id"), py::arg("prompt_ids"), py::arg("max_new_tokens") = 256,
           py::arg("temperature") = 0.0f, py::arg("top_p") = 1.0f, py::arg("seed") = 0,
@@ -106,12 +105,7 @@ void BindEngine(py::module_& m) {
       .def(
           "run",
           [](Engine& e) {
-            absl::StatusOr<std::vector<RequestOutput>> outs;
-            {
-              py::gil_scoped_release release;
-              outs = e.RunToCompletion();
-            }
-            std::vector<RequestOutput> v = Unwrap(std::move(outs));
+            std::vector<RequestOutput> v = Unwrap(WithoutGil([&] { return e.RunToCompletion(); }));
             py::list result;
             for (RequestOutput& o : v)
               result.append(ToDict(std::move(o), e.model_config().vocab_size));
@@ -122,22 +116,22 @@ void BindEngine(py::module_& m) {
           "step",
           [](Engine& e) {
             std::vector<RequestOutput> done;
-            absl::Status st;
-            {
-              py::gil_scoped_release release;
-              st = e.Step(&done);
-            }
-            Check(st);
+            Check(WithoutGil([&] { return e.Step(&done); }));
             py::list result;
             for (RequestOutput& o : done)
               result.append(ToDict(std::move(o), e.model_config().vocab_size));
             return result;
           },
           "One scheduler step; returns the requests that finished in it.")
-      .def_property_readonly("has_unfinished", &Engine::HasUnfinished)
-      .def_property_readonly("num_running", &Engine::num_running,
-                             "Sequences running after the last step (the running batch).")
-      .def("stats_json", [](const Engine& e) { return e.stats().ToJson(); })
+      .def_property_readonly(
+          "has_unfinished",
+          [](const Engine& e) { return WithoutGil([&] { return e.HasUnfinished(); }); })
+      .def_property_readonly(
+          "num_running",
+          [](const Engine& e) { return WithoutGil([&] { return e.num_running(); }); },
+          "Sequences running after the last step (the running batch).")
+      .def("stats_json",
+           [](const Engine& e) { return WithoutGil([&] { return e.stats(); }).ToJson(); })
       .def_property_readonly("num_free_blocks",
                              [](const Engine& e) { return e.block_manager().NumFreeBlocks(); })
       .def_property_readonly("num_usable_blocks",
@@ -147,7 +141,9 @@ void BindEngine(py::module_& m) {
           [](const Engine& e) { return e.block_manager().shape().num_heads_total(); })
       .def_property_readonly("vocab_size",
                              [](const Engine& e) { return e.model_config().vocab_size; })
-      .def("verify_integrity", [](const Engine& e) { Check(e.block_manager().VerifyIntegrity()); });
+      .def("verify_integrity", [](const Engine& e) {
+        Check(WithoutGil([&] { return e.block_manager().VerifyIntegrity(); }));
+      });
 }
 
 }  // namespace beaconkv

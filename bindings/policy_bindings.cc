@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,7 +65,19 @@ py::object WithOverrides(py::object config, const py::kwargs& kwargs) {
           absl::StrFormat("%s has no knob '%s'",
                           py::str(py::type::of(config).attr("__name__")).cast<std::string>(), key));
     }
-    config.attr(key.c_str()) = item.second;
+    try {
+      config.attr(key.c_str()) = item.second;
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_TypeError)) throw;
+      // pybind11's message lists C++ signatures; say which knob and what it takes instead.
+      const py::object current = config.attr(key.c_str());
+      throw py::value_error(
+          absl::StrFormat("%s knob '%s' = %s: expected %s (as its current value %s)",
+                          py::str(py::type::of(config).attr("__name__")).cast<std::string>(), key,
+                          py::repr(item.second).cast<std::string>(),
+                          py::str(py::type::of(current).attr("__name__")).cast<std::string>(),
+                          py::repr(current).cast<std::string>()));
+    }
   }
   return config;
 }
@@ -186,17 +199,24 @@ py::array_t<int32_t> RunPolicy(py::object policy, py::handle keys_obj, py::handl
   in.queries_post = steps ? post.data() : nullptr;
   in.query_positions = steps ? qpos.data() : nullptr;
   in.current_position = current_position;
-  absl::StatusOr<std::vector<int32_t>> kept;
-  {
-    py::gil_scoped_release release;
-    kept = RunPolicyOnHead(config, {d, rope_theta}, in);
-  }
-  return ToArray(Unwrap(std::move(kept)));
+  return ToArray(Unwrap(py_util::WithoutGil([&] {
+    return RunPolicyOnHead(config, {d, rope_theta}, in);
+  })));
 }
 
-// A per-sequence policy state, as the engine drives it.
+// A per-sequence policy state, as the engine drives it. Like PyBlockManager, every touch of
+// the state runs under `mu_` with the GIL released (Compress is long; a thread waiting for
+// `mu_` must not hold the GIL).
 class PyPolicy {
  public:
+  template <typename F>
+  auto Locked(F&& f) -> decltype(f()) {
+    return py_util::WithoutGil([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return f();
+    });
+  }
+
   PyPolicy(py::object policy, int32_t num_layers, int32_t num_kv_heads, int32_t group_size,
            int32_t head_dim, double rope_theta, int32_t prompt_len)
       : geometry_{num_layers, num_kv_heads, group_size, {head_dim, rope_theta}} {
@@ -217,16 +237,18 @@ class PyPolicy {
       pos = CheckedInt(positions_obj, "positions", keys.shape(0));
       head = {keys.data(), pos.data(), static_cast<int32_t>(keys.shape(0))};
     }
-    Check(state_->Observe(layer, kv_head, {position, pre.data(), post.data()},
-                          with_keys ? &head : nullptr));
+    Check(Locked([&] {
+      return state_->Observe(layer, kv_head, {position, pre.data(), post.data()},
+                             with_keys ? &head : nullptr);
+    }));
   }
 
-  std::vector<int32_t> DueHeads(int32_t layer, std::vector<int32_t> tokens) const {
+  std::vector<int32_t> DueHeads(int32_t layer, std::vector<int32_t> tokens) {
     if (static_cast<int32_t>(tokens.size()) != geometry_.num_kv_heads) {
       throw py::value_error(absl::StrFormat("head_tokens must have num_kv_heads = %d entries",
                                             geometry_.num_kv_heads));
     }
-    return state_->DueHeads(layer, tokens);
+    return Locked([&] { return state_->DueHeads(layer, tokens); });
   }
 
   py::list Compress(int32_t layer, py::sequence keys_list, py::sequence positions_list,
@@ -246,13 +268,10 @@ class PyPolicy {
       heads.push_back(
           {keys.back().data(), pos.back().data(), static_cast<int32_t>(keys.back().shape(0))});
     }
-    absl::StatusOr<std::vector<HeadKeepSet>> out;
-    {
-      py::gil_scoped_release release;
-      out = state_->Compress(layer, heads, due, current_position);
-    }
+    std::vector<HeadKeepSet> out =
+        Unwrap(Locked([&] { return state_->Compress(layer, heads, due, current_position); }));
     py::list result;
-    for (const HeadKeepSet& k : Unwrap(std::move(out))) {
+    for (const HeadKeepSet& k : out) {
       result.append(py::make_tuple(k.layer, k.kv_head, ToArray(k.slots)));
     }
     return result;
@@ -260,9 +279,12 @@ class PyPolicy {
 
   std::string name() const { return std::string(state_->policy_name()); }
   bool needs_keys() const { return state_->NeedsKeysOnObserve(); }
-  int64_t state_bytes() const { return state_->StateBytes(); }
+  int64_t state_bytes() {
+    return Locked([&] { return state_->StateBytes(); });
+  }
 
  private:
+  std::mutex mu_;
   PolicyGeometry geometry_;
   std::unique_ptr<PolicyState> state_;
 };

@@ -85,6 +85,7 @@ absl::Status BlockManager::CheckHead(int32_t layer, int32_t kv_head) const {
 }
 
 absl::Status BlockManager::AddSequence(SequenceId id, int32_t prompt_len) {
+  const std::lock_guard<std::mutex> lock(mu_);
   if (sequences_.contains(id))
     return absl::InvalidArgumentError(absl::StrFormat("sequence id %d already exists", id));
   if (prompt_len < 1) {
@@ -132,6 +133,7 @@ int32_t BlockManager::CountAppendBlocks(const Sequence& seq) const {
 }
 
 absl::StatusOr<int32_t> BlockManager::BlocksNeededToAppend(SequenceId id) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Sequence*> seq = Find(id);
   if (!seq.ok()) return seq.status();
   if ((*seq)->swapped)
@@ -140,6 +142,7 @@ absl::StatusOr<int32_t> BlockManager::BlocksNeededToAppend(SequenceId id) const 
 }
 
 absl::Status BlockManager::AppendToken(SequenceId id, absl::Span<SlotRef> slots_out) {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<Sequence*> found = FindResident(id, "append to");
   if (!found.ok()) return found.status();
   Sequence& seq = **found;
@@ -183,6 +186,7 @@ absl::Status BlockManager::AppendToken(SequenceId id, absl::Span<SlotRef> slots_
 }
 
 absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<Sequence*> found = FindResident(parent, "fork");
   if (!found.ok()) return found.status();
   if (sequences_.contains(child))
@@ -204,6 +208,7 @@ void BlockManager::ReleaseAll(Sequence& seq, BlockPool& pool) {
 }
 
 absl::Status BlockManager::FreeSequence(SequenceId id) {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<Sequence*> found = Find(id);
   if (!found.ok()) return found.status();
   ReleaseAll(**found, (*found)->swapped ? host_pool_ : pool_);
@@ -212,6 +217,7 @@ absl::Status BlockManager::FreeSequence(SequenceId id) {
 }
 
 absl::Status BlockManager::SwapOut(SequenceId id) {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<Sequence*> found = FindResident(id, "swap out");
   if (!found.ok()) return found.status();
   Sequence& seq = **found;
@@ -232,13 +238,15 @@ absl::Status BlockManager::SwapOut(SequenceId id) {
       b = copies.back().dst;
     }
   }
-  if (store_ != nullptr) store_->SwapOut(copies, *host_store_);
+  // A sequence evicted down to no blocks moves nothing, and may have no host store to name.
+  if (store_ != nullptr && !copies.empty()) store_->SwapOut(copies, *host_store_);
   for (auto c = copies.rbegin(); c != copies.rend(); ++c) pool_.Release(c->src);
   seq.swapped = true;
   return absl::OkStatus();
 }
 
 absl::Status BlockManager::SwapIn(SequenceId id) {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<Sequence*> found = Find(id);
   if (!found.ok()) return found.status();
   Sequence& seq = **found;
@@ -262,7 +270,7 @@ absl::Status BlockManager::SwapIn(SequenceId id) {
       b = copies.back().dst;
     }
   }
-  if (store_ != nullptr) store_->SwapIn(copies, *host_store_);
+  if (store_ != nullptr && !copies.empty()) store_->SwapIn(copies, *host_store_);
   for (auto c = copies.rbegin(); c != copies.rend(); ++c) host_pool_.Release(c->src);
   seq.swapped = false;
   return absl::OkStatus();
@@ -270,6 +278,7 @@ absl::Status BlockManager::SwapIn(SequenceId id) {
 
 absl::StatusOr<CompactionPlan> BlockManager::ApplyKeepSets(SequenceId id,
                                                            absl::Span<const KeepSet> keep) {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<Sequence*> found = FindResident(id, "compact");
   if (!found.ok()) return found.status();
   Sequence& seq = **found;
@@ -338,17 +347,50 @@ absl::StatusOr<CompactionPlan> BlockManager::ApplyKeepSets(SequenceId id,
   return plan;
 }
 
+int32_t BlockManager::NumFreeBlocks() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return pool_.num_free();
+}
+
+int32_t BlockManager::NumUsedBlocks() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return pool_.num_used();
+}
+
+int32_t BlockManager::NumFreeHostBlocks() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return host_pool_.num_free();
+}
+
+int32_t BlockManager::NumSequences() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int32_t>(sequences_.size());
+}
+
+bool BlockManager::HasSequence(SequenceId id) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return sequences_.contains(id);
+}
+
+std::vector<BlockId> BlockManager::FreeList() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return pool_.FreeList();
+}
+
 double BlockManager::Usage() const {
+  const std::lock_guard<std::mutex> lock(mu_);
   return static_cast<double>(pool_.num_used()) / pool_.num_usable();
 }
 
 absl::StatusOr<bool> BlockManager::IsSwappedOut(SequenceId id) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Sequence*> seq = Find(id);
   if (!seq.ok()) return seq.status();
   return (*seq)->swapped;
 }
 
 absl::StatusOr<int32_t> BlockManager::NumBlocksOf(SequenceId id) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Sequence*> seq = Find(id);
   if (!seq.ok()) return seq.status();
   int32_t total = 0;
@@ -358,6 +400,7 @@ absl::StatusOr<int32_t> BlockManager::NumBlocksOf(SequenceId id) const {
 
 absl::StatusOr<int32_t> BlockManager::RetainedTokens(SequenceId id, int32_t layer,
                                                      int32_t kv_head) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Sequence*> seq = Find(id);
   if (!seq.ok()) return seq.status();
   if (absl::Status s = CheckHead(layer, kv_head); !s.ok()) return s;
@@ -365,12 +408,14 @@ absl::StatusOr<int32_t> BlockManager::RetainedTokens(SequenceId id, int32_t laye
 }
 
 absl::StatusOr<int32_t> BlockManager::NextPosition(SequenceId id) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Sequence*> seq = Find(id);
   if (!seq.ok()) return seq.status();
   return (*seq)->next_position;
 }
 
 absl::StatusOr<int32_t> BlockManager::PromptLength(SequenceId id) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Sequence*> seq = Find(id);
   if (!seq.ok()) return seq.status();
   return (*seq)->prompt_len;
@@ -378,6 +423,7 @@ absl::StatusOr<int32_t> BlockManager::PromptLength(SequenceId id) const {
 
 absl::StatusOr<absl::Span<const BlockId>> BlockManager::BlockTable(SequenceId id, int32_t layer,
                                                                    int32_t kv_head) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Sequence*> seq = Find(id);
   if (!seq.ok()) return seq.status();
   if (absl::Status s = CheckHead(layer, kv_head); !s.ok()) return s;
@@ -386,6 +432,7 @@ absl::StatusOr<absl::Span<const BlockId>> BlockManager::BlockTable(SequenceId id
 
 absl::StatusOr<SlotRef> BlockManager::Slot(SequenceId id, int32_t layer, int32_t kv_head,
                                            int32_t index) const {
+  const std::lock_guard<std::mutex> lock(mu_);
   absl::StatusOr<const Sequence*> seq = Find(id);
   if (!seq.ok()) return seq.status();
   if (absl::Status s = CheckHead(layer, kv_head); !s.ok()) return s;
@@ -400,6 +447,7 @@ absl::StatusOr<SlotRef> BlockManager::Slot(SequenceId id, int32_t layer, int32_t
 }
 
 double BlockManager::Fragmentation() const {
+  const std::lock_guard<std::mutex> lock(mu_);
   // A shared block holds the same tokens for every owner, so count each block once.
   absl::flat_hash_map<BlockId, int32_t> filled;
   for (const auto& [id, seq] : sequences_) {
@@ -422,6 +470,7 @@ double BlockManager::Fragmentation() const {
 }
 
 std::vector<SequenceId> BlockManager::SequenceIds() const {
+  const std::lock_guard<std::mutex> lock(mu_);
   std::vector<SequenceId> ids;
   ids.reserve(sequences_.size());
   for (const auto& [id, seq] : sequences_) ids.push_back(id);
@@ -430,6 +479,7 @@ std::vector<SequenceId> BlockManager::SequenceIds() const {
 }
 
 absl::Status BlockManager::VerifyIntegrity() const {
+  const std::lock_guard<std::mutex> lock(mu_);
   if (absl::Status s = pool_.VerifyIntegrity(); !s.ok()) return s;
   if (absl::Status s = host_pool_.VerifyIntegrity(); !s.ok()) return s;
   std::vector<int32_t> refs(pool_.num_blocks(), 0), host_refs(host_pool_.num_blocks(), 0);

@@ -5,10 +5,18 @@
 // Data movement goes through an optional KvStore: with one attached, copy-on-write,
 // compaction and swap move the bytes; without one (metadata only) the manager still
 // returns every plan so a caller can move device memory itself.
+//
+// Thread safety: every public method takes an internal mutex, so one manager may be called
+// from several threads; each call is atomic. Two results are views, not copies, and are only
+// valid until the next call that changes what they show: the span from BlockTable() (until
+// that sequence changes) and pool() / host_store() (unsynchronized, for single-threaded
+// callers and tests). Under concurrent use, copy a table while no other thread changes that
+// sequence and use FreeList() rather than pool().FreeList(). docs/reliability.md.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -75,13 +83,15 @@ class BlockManager {
   absl::StatusOr<CompactionPlan> ApplyKeepSets(SequenceId id, absl::Span<const KeepSet> keep);
 
   // Queries.
-  int32_t NumFreeBlocks() const { return pool_.num_free(); }
-  int32_t NumUsedBlocks() const { return pool_.num_used(); }
-  int32_t NumUsableBlocks() const { return pool_.num_usable(); }
-  int32_t NumFreeHostBlocks() const { return host_pool_.num_free(); }
+  int32_t NumFreeBlocks() const;
+  int32_t NumUsedBlocks() const;
+  int32_t NumUsableBlocks() const { return pool_.num_usable(); }  // fixed at creation
+  int32_t NumFreeHostBlocks() const;
   double Usage() const;
-  int32_t NumSequences() const { return static_cast<int32_t>(sequences_.size()); }
-  bool HasSequence(SequenceId id) const { return sequences_.contains(id); }
+  int32_t NumSequences() const;
+  bool HasSequence(SequenceId id) const;
+  // The device free list from the next block to be taken to the last (a copy).
+  std::vector<BlockId> FreeList() const;
   absl::StatusOr<bool> IsSwappedOut(SequenceId id) const;
   absl::StatusOr<int32_t> NumBlocksOf(SequenceId id) const;
   absl::StatusOr<int32_t> RetainedTokens(SequenceId id, int32_t layer, int32_t kv_head) const;
@@ -130,6 +140,9 @@ class BlockManager {
   BlockPool host_pool_;
   std::unique_ptr<CpuKvStore> host_store_;  // null when there is no host pool
   absl::flat_hash_map<SequenceId, Sequence> sequences_;
+  // Guards everything above except the constants (shape_, block_mask_, store_, pool sizes);
+  // taken once per public call, never re-entered.
+  mutable std::mutex mu_;
 };
 
 }  // namespace beaconkv

@@ -12,6 +12,9 @@ template <class... Ts>
 struct Overloaded : Ts... {
   using Ts::operator()...;
 };
+// Clang 14 does not deduce aggregate template arguments yet (the TSan and fuzz builds).
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
 
 absl::Status Invalid(std::string_view policy, const std::string& message) {
   return absl::InvalidArgumentError(absl::StrFormat("policy %s: %s", policy, message));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "core/check.h"
+#include "engine/engine_config.h"
 #include "engine/tokenizer.h"
 
 namespace beaconkv {
@@ -30,12 +31,21 @@ class ScopedTimer {
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::FromModelDir(const std::string& model_dir,
                                                              const EngineConfig& config) {
-  absl::StatusOr<ModelWeights> weights = LoadModelWeights(model_dir);
+  absl::StatusOr<ModelWeights> weights =
+      LoadModelWeights(model_dir, {.allow_nonfinite = config.allow_nonfinite_weights});
   if (!weights.ok()) return weights.status();
   EngineConfig c = config;
   if (c.eos_token_id < 0) {
     absl::StatusOr<CharTokenizer> tok = CharTokenizer::Load(model_dir);
     if (!tok.ok()) return tok.status();
+    // Ids the tokenizer makes must be rows of the embedding, and ids the model samples must
+    // decode: a tokenizer.json that disagrees with config.json is refused here, once.
+    if (tok->vocab_size() != weights->config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: tokenizer.json has %d tokens but config.json field 'vocab_size' is %d; the "
+          "tokenizer does not belong to this model",
+          model_dir, tok->vocab_size(), weights->config.vocab_size));
+    }
     c.eos_token_id = tok->eos_id();
   }
   return Create(*std::move(weights), c);
@@ -44,33 +54,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::FromModelDir(const std::string& 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(ModelWeights weights,
                                                        const EngineConfig& config_in) {
   EngineConfig config = config_in;
-  if (absl::Status s = ValidatePolicyConfig(config.policy); !s.ok()) return s;
-  if (config.max_batch < 1 || config.watermark_blocks < 0 || config.block_size < 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "engine config: max_batch=%d (>= 1), watermark_blocks=%d (>= 0), block_size=%d (>= 1)",
-        config.max_batch, config.watermark_blocks, config.block_size));
-  }
+  if (absl::Status s = ResolveEngineConfig(weights.config, &config); !s.ok()) return s;
   absl::StatusOr<ModelRunner> runner =
       ModelRunner::Create(std::move(weights), config.num_threads, config.batch_invariant);
   if (!runner.ok()) return runner.status();
   const ModelConfig& mc = runner->config();
-  if (config.max_model_len <= 0) config.max_model_len = mc.max_position_embeddings;
-  if (config.max_model_len <= 0) {
-    return absl::InvalidArgumentError(
-        "max_model_len is unset and the model has no "
-        "max_position_embeddings");
-  }
   BlockManagerConfig bc;
   bc.shape = {mc.num_layers, mc.num_kv_heads, mc.head_dim, config.block_size};
-  if (config.num_blocks == 0) {
-    config.num_blocks = 1 + config.max_batch * bc.shape.num_heads_total() *
-                                bc.shape.BlocksFor(config.max_model_len);
-  }
-  if (config.preemption == PreemptionMode::kSwap && config.num_host_blocks == 0)
-    config.num_host_blocks = config.num_blocks;
   bc.num_blocks = config.num_blocks;
   bc.num_host_blocks = config.num_host_blocks;
-  if (absl::Status s = BlockManager::ValidateConfig(bc); !s.ok()) return s;
   auto store = std::make_unique<CpuKvStore>(bc.num_blocks, bc.shape.block_size, mc.head_dim);
   absl::StatusOr<std::unique_ptr<BlockManager>> bm = BlockManager::Create(bc, store.get());
   if (!bm.ok()) return bm.status();
@@ -87,6 +79,7 @@ int32_t Engine::PromptBlocks(int64_t tokens) const {
 }
 
 absl::Status Engine::AddRequest(Request request) {
+  const std::lock_guard<std::mutex> lock(mu_);
   const ModelConfig& mc = runner_.config();
   if (seqs_.contains(request.id))
     return absl::InvalidArgumentError(
@@ -108,6 +101,14 @@ absl::Status Engine::AddRequest(Request request) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "request %d: prompt of %d tokens does not leave room under max_model_len %d", request.id,
         prompt_len, config_.max_model_len));
+  }
+  // Teacher forcing feeds every forced token: all of them must fit under max_model_len, or the
+  // request would end early with fewer logits than targets.
+  const int64_t forced_len = static_cast<int64_t>(request.forced_output.size());
+  if (forced_len > 0 && prompt_len + forced_len > config_.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %d: prompt of %d tokens + forced output of %d tokens exceeds max_model_len %d",
+        request.id, prompt_len, forced_len, config_.max_model_len));
   }
   if (PromptBlocks(prompt_len) + config_.watermark_blocks > bm_->NumUsableBlocks()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -133,10 +134,11 @@ absl::Status Engine::AddRequest(Request request) {
 }
 
 absl::StatusOr<std::vector<RequestOutput>> Engine::RunToCompletion() {
+  const std::lock_guard<std::mutex> lock(mu_);
   std::vector<RequestOutput> finished;
   const double start = Now();
-  while (HasUnfinished()) {
-    if (absl::Status s = Step(&finished); !s.ok()) return s;
+  while (HasUnfinishedLocked()) {
+    if (absl::Status s = StepLocked(&finished); !s.ok()) return s;
   }
   stats_.wall_seconds += Now() - start;
   return finished;
@@ -194,6 +196,7 @@ absl::Status Engine::Admit(SeqState& s) {
   if (!observe_status_.ok()) return std::exchange(observe_status_, absl::OkStatus());
   stats_.prefill_tokens += static_cast<int64_t>(tokens.size());
   running_.push_back(id);
+  UpdatePeak(s);  // a request that finishes here still reports the KV it held
   if (!resumed) {
     if (Accept(s, logits)) return absl::OkStatus();  // finished in DecodeStep's sweep
   } else {
@@ -256,7 +259,27 @@ absl::Status Engine::Preempt(int64_t id) {
   return absl::OkStatus();
 }
 
+bool Engine::HasUnfinished() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return HasUnfinishedLocked();
+}
+
+EngineStats Engine::stats() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+int32_t Engine::num_running() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int32_t>(running_.size());
+}
+
 absl::Status Engine::Step(std::vector<RequestOutput>* finished) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return StepLocked(finished);
+}
+
+absl::Status Engine::StepLocked(std::vector<RequestOutput>* finished) {
   ++stats_.steps;
   const int32_t max_batch = config_.max_batch;
   {
@@ -416,16 +439,18 @@ void Engine::UpdateMemoryStats() {
   stats_.peak_running = std::max(stats_.peak_running, static_cast<int32_t>(running_.size()));
   stats_.mean_running = decode_steps_ > 0 ? running_sum_ / decode_steps_ : 0.0;
   stats_.mean_used_blocks = decode_steps_ > 0 ? used_blocks_sum_ / decode_steps_ : 0.0;
+  for (int64_t id : running_) UpdatePeak(*seqs_.at(id));
+}
+
+void Engine::UpdatePeak(SeqState& s) {
   const KvShape& shape = bm_->shape();
-  for (int64_t id : running_) {
-    SeqState& s = *seqs_.at(id);
-    int64_t tokens = 0;
-    for (int32_t l = 0; l < shape.num_layers; ++l)
-      for (int32_t g = 0; g < shape.num_kv_heads; ++g) tokens += *bm_->RetainedTokens(id, l, g);
-    s.out.peak_retained_tokens =
-        std::max(s.out.peak_retained_tokens, static_cast<double>(tokens) / shape.num_heads_total());
-    s.out.peak_blocks = std::max(s.out.peak_blocks, *bm_->NumBlocksOf(id));
-  }
+  int64_t tokens = 0;
+  for (int32_t l = 0; l < shape.num_layers; ++l)
+    for (int32_t g = 0; g < shape.num_kv_heads; ++g) tokens += *bm_->RetainedTokens(s.out.id, l, g);
+  s.out.peak_retained_tokens =
+      std::max(s.out.peak_retained_tokens, static_cast<double>(tokens) / shape.num_heads_total());
+  s.out.peak_blocks = std::max(s.out.peak_blocks, *bm_->NumBlocksOf(s.out.id));
+  stats_.peak_used_blocks = std::max(stats_.peak_used_blocks, bm_->NumUsedBlocks());
 }
 
 }  // namespace beaconkv

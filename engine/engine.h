@@ -6,11 +6,16 @@
 // most recently admitted ones (recompute or swap); run one decode step for the whole batch;
 // run the policy on the heads that reached their trigger and free the blocks it releases,
 // which the next admission can use at once; retire finished sequences.
+//
+// Thread safety: every public method takes an internal mutex, so an Engine may be shared by
+// threads; each call is atomic (a RunToCompletion holds the engine until it returns).
+// docs/reliability.md.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -41,9 +46,9 @@ class Engine {
   absl::StatusOr<std::vector<RequestOutput>> RunToCompletion();
   // One scheduler step; finished requests are appended to `finished`.
   absl::Status Step(std::vector<RequestOutput>* finished);
-  bool HasUnfinished() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
-  const EngineStats& stats() const { return stats_; }
-  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  bool HasUnfinished() const;
+  EngineStats stats() const;  // a copy, taken under the lock
+  int32_t num_running() const;
 
  private:
   struct SeqState {
@@ -58,6 +63,10 @@ class Engine {
   Engine(const EngineConfig& config, ModelRunner runner, std::unique_ptr<CpuKvStore> store,
          std::unique_ptr<BlockManager> bm);
 
+  absl::Status StepLocked(std::vector<RequestOutput>* finished);
+  bool HasUnfinishedLocked() const {
+    return !waiting_.empty() || !running_.empty() || !swapped_.empty();
+  }
   absl::Status Admit(SeqState& s);
   absl::Status Preempt(int64_t id);
   absl::Status DecodeStep(std::vector<RequestOutput>* finished);
@@ -72,6 +81,8 @@ class Engine {
   void Finish(int64_t id, std::vector<RequestOutput>* finished);
   int32_t PromptBlocks(int64_t tokens) const;
   void UpdateMemoryStats();
+  // Folds `s`'s current blocks and retained tokens into its peak statistics.
+  void UpdatePeak(SeqState& s);
 
   EngineConfig config_;
   ModelRunner runner_;
@@ -86,6 +97,7 @@ class Engine {
   double running_sum_ = 0;
   double used_blocks_sum_ = 0;  // device blocks in use at each decode step's forward pass
   int64_t decode_steps_ = 0;
+  mutable std::mutex mu_;  // taken by every public method; never re-entered
 };
 
 }  // namespace beaconkv

@@ -31,6 +31,7 @@ struct EngineConfig {
   int32_t max_model_len = 0;      // 0 = the model's max_position_embeddings
   int32_t eos_token_id = -1;      // -1: from the tokenizer (FromModelDir) / never stop on eos
   bool verify_integrity = false;  // VerifyIntegrity() after every step (tests)
+  bool allow_nonfinite_weights = false;  // FromModelDir: NaN/Inf weights warn instead of fail
 };
 
 struct Request {

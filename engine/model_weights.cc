@@ -1,6 +1,8 @@
 #include "engine/model_weights.h"
 
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,14 +18,40 @@ namespace {
 // Reads tensors from one file and remembers which ones were used.
 class TensorReader {
  public:
-  explicit TensorReader(const SafetensorsFile& file) : file_(file) {}
+  TensorReader(const SafetensorsFile& file, const WeightLoadOptions& options)
+      : file_(file), options_(options) {}
 
   absl::Status Read(const std::string& name, const std::vector<int64_t>& shape,
                     std::vector<float>* out) {
     absl::StatusOr<std::vector<float>> data = file_.ReadFloat32(name, shape);
     if (!data.ok()) return data.status();
+    if (absl::Status s = CheckFinite(name, *data); !s.ok()) return s;
     *out = *std::move(data);
     used_.insert(name);
+    return absl::OkStatus();
+  }
+
+  // NaN or Inf in a weight poisons every logit (the model then decodes one token forever):
+  // an error, or one warning per tensor when options_.allow_nonfinite.
+  absl::Status CheckFinite(const std::string& name, const std::vector<float>& data) const {
+    int64_t bad = 0, first = -1;
+    for (size_t i = 0; i < data.size(); ++i) {
+      if (!std::isfinite(data[i])) {
+        if (first < 0) first = static_cast<int64_t>(i);
+        ++bad;
+      }
+    }
+    if (bad == 0) return absl::OkStatus();
+    const std::string what = absl::StrFormat(
+        "%s: tensor '%s' has %d non-finite values of %d (first at flat index %d: %f)", file_.path(),
+        name, bad, data.size(), first, data[first]);
+    if (!options_.allow_nonfinite) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what,
+                       "; the model would produce NaN logits. Load anyway with "
+                       "allow_nonfinite (CLI: --allow-nonfinite)"));
+    }
+    std::fprintf(stderr, "beaconkv: warning: %s (loaded: allow_nonfinite)\n", what.c_str());
     return absl::OkStatus();
   }
 
@@ -53,6 +81,7 @@ class TensorReader {
 
  private:
   const SafetensorsFile& file_;
+  WeightLoadOptions options_;
   absl::flat_hash_set<std::string> used_;
 };
 
@@ -94,10 +123,11 @@ absl::Status LoadLayer(const ModelConfig& c, int32_t index, TensorReader& reader
 }  // namespace
 
 absl::StatusOr<ModelWeights> LoadModelWeightsFrom(const ModelConfig& config,
-                                                  const SafetensorsFile& file) {
+                                                  const SafetensorsFile& file,
+                                                  const WeightLoadOptions& options) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
   const int64_t vocab = config.vocab_size, hidden = config.hidden_size;
-  TensorReader reader(file);
+  TensorReader reader(file, options);
   ModelWeights w;
   w.config = config;
   if (absl::Status s = reader.Read("model.embed_tokens.weight", {vocab, hidden}, &w.embed);
@@ -130,12 +160,13 @@ absl::StatusOr<ModelWeights> LoadModelWeightsFrom(const ModelConfig& config,
   return w;
 }
 
-absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir) {
+absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
+                                              const WeightLoadOptions& options) {
   absl::StatusOr<ModelConfig> config = ModelConfig::FromFile(model_dir + "/config.json");
   if (!config.ok()) return config.status();
   absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(model_dir + "/model.safetensors");
   if (!file.ok()) return file.status();
-  return LoadModelWeightsFrom(*config, *file);
+  return LoadModelWeightsFrom(*config, *file, options);
 }
 
 }  // namespace beaconkv

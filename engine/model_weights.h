@@ -37,6 +37,11 @@ struct ModelWeights {
   std::vector<float> lm_head;        // [vocab, hidden]; a copy of embed when tie_word_embeddings
 };
 
+struct WeightLoadOptions {
+  // Load weights holding NaN or Inf with a warning on stderr instead of failing.
+  bool allow_nonfinite = false;
+};
+
 // Loads <model_dir>/config.json and <model_dir>/model.safetensors. Tensor names follow HF:
 // model.embed_tokens.weight, model.layers.N.self_attn.{q,k,v,o}_proj.weight,
 // model.layers.N.self_attn.{q,k,v}_proj.bias (optional), model.layers.N.self_attn.{q,k}_norm.weight
@@ -44,11 +49,14 @@ struct ModelWeights {
 // model.layers.N.{input_layernorm,post_attention_layernorm}.weight, model.norm.weight,
 // lm_head.weight (optional when tie_word_embeddings). Every shape is checked against the config;
 // a tensor the engine would not use (extra layers, o_proj or MLP biases) is an error rather than
-// silently ignored. Errors name the file and the field or tensor.
-absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir);
+// silently ignored. A NaN or Inf value is an error unless options.allow_nonfinite. Errors name
+// the file and the field or tensor.
+absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
+                                              const WeightLoadOptions& options = {});
 
 // The same, from an already parsed config and opened file (`config` must be valid).
 absl::StatusOr<ModelWeights> LoadModelWeightsFrom(const ModelConfig& config,
-                                                  const SafetensorsFile& file);
+                                                  const SafetensorsFile& file,
+                                                  const WeightLoadOptions& options = {});
 
 }  // namespace beaconkv

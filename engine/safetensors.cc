@@ -13,6 +13,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -227,10 +228,26 @@ absl::StatusOr<std::vector<TensorInfo>> SafetensorsFile::ParseHeader(std::string
   const std::string_view header_text = file_bytes.substr(kLengthPrefixBytes, header_len);
 
   json header;
+  // A JSON object keeps the last of duplicate keys; a header naming a tensor twice is
+  // ambiguous, so the parser records the first top-level key seen twice.
+  absl::flat_hash_set<std::string> keys;
+  std::string duplicate;
+  bool has_duplicate = false;
+  const json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && !has_duplicate &&
+        !keys.insert(parsed.get<std::string>()).second) {
+      has_duplicate = true;
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
   try {
-    header = json::parse(header_text.begin(), header_text.end());
+    header = json::parse(header_text.begin(), header_text.end(), on_event);
   } catch (const json::exception& e) {
     return HeaderError(path, absl::StrFormat("header is not valid JSON: %s", e.what()));
+  }
+  if (has_duplicate) {
+    return HeaderError(path, absl::StrFormat("header names '%s' twice", duplicate));
   }
   if (!header.is_object()) {
     return HeaderError(path,
@@ -249,6 +266,22 @@ absl::StatusOr<std::vector<TensorInfo>> SafetensorsFile::ParseHeader(std::string
     absl::StatusOr<TensorInfo> info = ParseEntry(name, entry, data_size);
     if (!info.ok()) return TensorError(path, name, std::string(info.status().message()));
     tensors.push_back(*std::move(info));
+  }
+  // Two tensors may not share bytes: writing one would change the other.
+  std::vector<const TensorInfo*> by_offset;
+  for (const TensorInfo& t : tensors)
+    if (t.data_end > t.data_begin) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const TensorInfo* a, const TensorInfo* b) { return a->data_begin < b->data_begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const TensorInfo& a = *by_offset[i - 1];
+    const TensorInfo& b = *by_offset[i];
+    if (b.data_begin < a.data_end) {
+      return HeaderError(
+          path,
+          absl::StrFormat("tensors '%s' (bytes [%d, %d)) and '%s' (bytes [%d, %d)) overlap", a.name,
+                          a.data_begin, a.data_end, b.name, b.data_begin, b.data_end));
+    }
   }
   // json objects iterate in key order already; sort anyway so the order is part of the contract.
   std::sort(tensors.begin(), tensors.end(),

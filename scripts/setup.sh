@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(cmake g++ make libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-              libopenblas-dev nlohmann-json3-dev clang-format)
+              libopenblas-dev nlohmann-json3-dev clang-format
+              clang libclang-rt-14-dev)  # clang: ThreadSanitizer and libFuzzer builds
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -123,25 +123,26 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def add_analyze_parser(subparsers) -> argparse.ArgumentParser:
     from .cli import default_model_dir
+    from .validate import float_arg, int_arg
 
     a = subparsers.add_parser("analyze", help="revisit analysis (+ policy replay) of a split")
     a.add_argument("--model", default=default_model_dir(), help="HF-style model directory")
     a.add_argument("--split", default="dev", help="dev, test, or a .jsonl file")
     a.add_argument("--out", required=True, help="output directory (PNGs + summary.json)")
-    a.add_argument("--num", type=int, default=8, help="first N problems")
-    a.add_argument("--k", type=int, default=150, help="top-K for the mean distance")
-    a.add_argument("--threshold-frac", type=float, default=0.15,
+    a.add_argument("--num", type=int_arg(1), default=8, help="first N problems")
+    a.add_argument("--k", type=int_arg(1), default=150, help="top-K for the mean distance")
+    a.add_argument("--threshold-frac", type=float_arg(0.0, 1.0), default=0.15,
                    help="global query: distance above this fraction of the sequence length")
     a.add_argument("--no-greedy-check", action="store_true",
                    help="skip checking that greedy decoding reproduces the reference output")
-    a.add_argument("--max-target-tokens", type=int, default=None,
+    a.add_argument("--max-target-tokens", type=int_arg(1), default=None,
                    help="cut each reference output to this many tokens (quick runs)")
     a.add_argument("--replay", action="store_true",
                    help="replay each policy's evictions; report the missed revisit mass")
     a.add_argument("--policies", nargs="+", default=None,
                    help="policy names, '<name>-pooled' for pooled budgets (default: all)")
-    a.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="KV tokens kept per head")
-    a.add_argument("--interval", type=int, default=None,
+    a.add_argument("--budget", type=int_arg(1), default=DEFAULT_BUDGET, help="KV tokens kept per head")
+    a.add_argument("--interval", type=int_arg(1), default=None,
                    help="compression interval for every policy that has one (default: each "
                         "policy's own)")
     a.add_argument("--knob", action="append", metavar="NAME=VALUE",

@@ -104,7 +104,8 @@ def run_demo(model_dir: str, num: int = 24, budget: int | None = None,
 
     from .evaluate import evaluate
 
-    budget = budget or 128  # + interval 32: ~6.9x less KV than the full ~1,100-token traces
+    if budget is None:
+        budget = 128  # + interval 32: ~6.9x less KV than the full ~1,100-token traces
     say = (lambda msg="": print(msg, file=out)) if out is not None else (lambda msg="": None)
     say(f"BeaconKV demo: {num} dev problems of the tiny reasoner ({model_dir}), greedy, "
         f"budget {budget} tokens per head, compression every {DEMO_INTERVAL} tokens")

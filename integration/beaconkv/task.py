@@ -259,8 +259,24 @@ def write_split(path: str, seed: int, count: int, diff: Difficulty) -> None:
 
 
 def read_split(path: str) -> list[dict]:
+    """The problems of a .jsonl split; ValueError naming the line and field of a bad record."""
+    import os
+
+    from .validate import check_problem
+
+    name = os.path.basename(path)
+    recs = []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{name} line {lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            recs.append(check_problem(rec, where))
+    return recs
 
 
 def main(argv: list[str] | None = None) -> int:
