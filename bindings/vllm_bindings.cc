@@ -15,14 +15,20 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "bindings/status_cast.h"
 #include "block_manager/block_manager.h"
+#include "core/policy.h"
+#include "core/rope.h"
 #include "kernels/paged_attention_cpu.h"
 
 namespace py = pybind11;
 
 namespace beaconkv {
+
+PolicyConfig PolicyConfigFromPython(py::handle obj);  // policy_bindings.cc
+
 namespace {
 
 using py_util::Check;
@@ -33,8 +39,9 @@ using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>
 class VllmKvCache {
  public:
   VllmKvCache(int32_t num_layers, int32_t num_kv_heads, int32_t num_heads, int32_t head_dim,
-              int32_t block_size, int32_t num_blocks)
-      : num_heads_(num_heads) {
+              int32_t block_size, int32_t num_blocks, py::object policy, double rope_theta,
+              bool observe)
+      : num_heads_(num_heads), observe_(observe) {
     if (num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
       throw py::value_error(
           absl::StrFormat("num_heads (%d) must be a positive multiple of num_kv_heads (%d)",
@@ -46,6 +53,10 @@ class VllmKvCache {
     Check(BlockManager::ValidateConfig(config));
     store_ = std::make_unique<CpuKvStore>(num_blocks, block_size, head_dim);
     manager_ = Unwrap(BlockManager::Create(config, store_.get()));
+    policy_ = PolicyConfigFromPython(policy);
+    geometry_ = {num_layers, num_kv_heads, num_heads / num_kv_heads, {head_dim, rope_theta}};
+    Check(ValidatePolicyConfig(policy_));
+    rope_ = std::make_unique<Rope>(Unwrap(Rope::Create(geometry_.rope)));
   }
 
   const KvShape& shape() const { return manager_->shape(); }
@@ -67,11 +78,12 @@ class VllmKvCache {
 
   // Room for `n` new tokens of `id` in every head; false (and nothing changed) when the pool
   // cannot hold them.
-  bool Allocate(SequenceId id, int32_t n) {
+  bool Allocate(SequenceId id, int32_t n, int32_t prompt_len) {
     if (n < 0) throw py::value_error(absl::StrFormat("negative token count %d", n));
     if (n == 0) return true;
     if (BlocksNeeded(id, n) > manager_->NumFreeBlocks()) return false;
     if (!manager_->HasSequence(id)) {
+      policies_[id] = Unwrap(NewPolicyState(policy_, geometry_, prompt_len));
       Check(manager_->AddSequence(id, n));
       return true;
     }
@@ -80,7 +92,55 @@ class VllmKvCache {
   }
 
   void Free(SequenceId id) {
+    policies_.erase(id);
     if (manager_->HasSequence(id)) Check(manager_->FreeSequence(id));
+  }
+
+  // Runs the sequence's policy on every layer's heads at their trigger (as the reference
+  // engine does after a decode step) and frees emptied blocks at once.
+  // Returns {tokens_evicted, blocks_freed, compressions}.
+  py::dict Compress(SequenceId id, int32_t current_position) {
+    auto it = policies_.find(id);
+    if (it == policies_.end()) throw py::value_error(absl::StrFormat("unknown sequence %d", id));
+    PolicyState& pol = *it->second;
+    const KvShape& s = shape();
+    int64_t evicted = 0, freed = 0, compressions = 0;
+    {
+      py::gil_scoped_release release;
+      std::vector<int32_t> tokens(s.num_kv_heads);
+      std::vector<std::vector<float>> keys(s.num_kv_heads);
+      std::vector<std::vector<int32_t>> positions(s.num_kv_heads);
+      std::vector<HeadKeys> heads(s.num_kv_heads);
+      for (int32_t l = 0; l < s.num_layers; ++l) {
+        for (int32_t h = 0; h < s.num_kv_heads; ++h)
+          tokens[h] = *manager_->RetainedTokens(id, l, h);
+        const std::vector<int32_t> due = pol.DueHeads(l, tokens);
+        if (due.empty()) continue;
+        for (int32_t h = 0; h < s.num_kv_heads; ++h)
+          heads[h] = GatherKeys(id, l, h, &keys[h], &positions[h]);
+        absl::StatusOr<std::vector<HeadKeepSet>> sets =
+            pol.Compress(l, heads, due, current_position);
+        if (!sets.ok()) {
+          py::gil_scoped_acquire acquire;
+          Check(sets.status());
+        }
+        std::vector<KeepSet> keep;
+        for (HeadKeepSet& k : *sets) keep.push_back({k.layer, k.kv_head, std::move(k.slots)});
+        absl::StatusOr<CompactionPlan> plan = manager_->ApplyKeepSets(id, keep);
+        if (!plan.ok()) {
+          py::gil_scoped_acquire acquire;
+          Check(plan.status());
+        }
+        evicted += plan->tokens_evicted;
+        freed += plan->blocks_freed;
+        ++compressions;
+      }
+    }
+    py::dict out;
+    out["tokens_evicted"] = evicted;
+    out["blocks_freed"] = freed;
+    out["compressions"] = compressions;
+    return out;
   }
 
   // One layer for a batch. Row r is sequence seq_ids[r] with query_lens[r] new tokens, whose
@@ -106,10 +166,17 @@ class VllmKvCache {
     check(v, "value", hkv);
     check(out, "output", num_heads_);
     if (layer < 0 || layer >= s.num_layers) throw py::value_error("layer out of range");
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!manager_->HasSequence(seq_ids.at(r)) || !policies_.contains(seq_ids.at(r))) {
+        throw py::value_error(
+            absl::StrFormat("row %d: sequence %d has no slots in the pool", r, seq_ids.at(r)));
+      }
+    }
     const float* qp = q.data();
     const float* kp = k.data();
     const float* vp = v.data();
     float* op = out.mutable_data();
+    absl::Status status;
     {
       py::gil_scoped_release release;
       // Decode rows go through the paged kernel together; longer rows one by one.
@@ -156,7 +223,9 @@ class VllmKvCache {
                       op + decode_tokens[i] * num_heads_ * d);
         }
       }
+      if (observe_) status = ObserveStep(layer, seq_ids, query_lens, qp);
     }
+    Check(status);
   }
 
   // Keys [n, head_dim] and positions [n] of one head, slot order (the policy's input).
@@ -198,6 +267,51 @@ class VllmKvCache {
   }
 
  private:
+  // The policy of every row observes the step's queries of every (layer, kv_head): post-RoPE
+  // as computed, pre-RoPE recovered by rotating back by the token's position.
+  absl::Status ObserveStep(int32_t layer, const IntArray& seq_ids, const IntArray& query_lens,
+                           const float* q) {
+    const int32_t d = shape().head_dim, hkv = shape().num_kv_heads, group = num_heads_ / hkv;
+    std::vector<float> pre(group * d), keys;
+    std::vector<int32_t> positions;
+    int64_t t0 = 0;
+    for (int64_t r = 0; r < seq_ids.size(); ++r) {
+      const SequenceId id = seq_ids.at(r);
+      const int32_t n = query_lens.at(r);
+      PolicyState& pol = *policies_.at(id);
+      for (int32_t h = 0; h < hkv; ++h) {
+        const int32_t c = *manager_->RetainedTokens(id, layer, h);
+        for (int32_t i = 0; i < n; ++i) {
+          const int32_t pos = store_->position(*manager_->Slot(id, layer, h, c - n + i));
+          const float* post = q + ((t0 + i) * num_heads_ + h * group) * d;
+          rope_->RotateMany(post, group, -static_cast<int64_t>(pos), pre.data());
+          HeadKeys hk;
+          if (pol.NeedsKeysOnObserve()) hk = GatherKeys(id, layer, h, &keys, &positions);
+          absl::Status st = pol.Observe(layer, h, StepQueries{pos, pre.data(), post},
+                                        pol.NeedsKeysOnObserve() ? &hk : nullptr);
+          if (!st.ok()) return st;
+        }
+      }
+      t0 += n;
+    }
+    return absl::OkStatus();
+  }
+
+  HeadKeys GatherKeys(SequenceId id, int32_t layer, int32_t h, std::vector<float>* keys,
+                      std::vector<int32_t>* positions) const {
+    const int32_t n = *manager_->RetainedTokens(id, layer, h);
+    const int32_t d = shape().head_dim, bs = shape().block_size;
+    keys->resize(static_cast<size_t>(n) * d);
+    positions->resize(n);
+    const absl::Span<const BlockId> table = *manager_->BlockTable(id, layer, h);
+    for (int32_t j = 0; j < n; ++j) {
+      const SlotRef slot{table[j / bs], j % bs};
+      std::copy_n(store_->key(slot), d, keys->data() + static_cast<size_t>(j) * d);
+      (*positions)[j] = store_->position(slot);
+    }
+    return HeadKeys{keys->data(), positions->data(), n};
+  }
+
   void WriteNewTokens(SequenceId id, int32_t layer, int32_t n, const float* k, const float* v) {
     const int32_t d = shape().head_dim, hkv = shape().num_kv_heads;
     for (int32_t h = 0; h < hkv; ++h) {
@@ -261,6 +375,11 @@ class VllmKvCache {
   }
 
   int32_t num_heads_;
+  bool observe_;  // the policy looks at queries (every policy but full)
+  PolicyConfig policy_;
+  PolicyGeometry geometry_;
+  std::unique_ptr<Rope> rope_;
+  absl::flat_hash_map<SequenceId, std::unique_ptr<PolicyState>> policies_;  // [live sequences]
   std::unique_ptr<CpuKvStore> store_;
   std::unique_ptr<BlockManager> manager_;
 };
@@ -271,12 +390,15 @@ void BindVllm(py::module_& m) {
   using C = VllmKvCache;
   py::class_<C>(m, "VllmKvCache",
                 "Head-granular KV cache for beaconkv.vllm: per-step room and batched attention.")
-      .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t>(), py::arg("num_layers"),
-           py::arg("num_kv_heads"), py::arg("num_heads"), py::arg("head_dim"),
-           py::arg("block_size"), py::arg("num_blocks"))
+      .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object, double,
+                    bool>(),
+           py::arg("num_layers"), py::arg("num_kv_heads"), py::arg("num_heads"),
+           py::arg("head_dim"), py::arg("block_size"), py::arg("num_blocks"),
+           py::arg("policy") = "full", py::arg("rope_theta") = 1e6, py::arg("observe") = false)
       .def_property_readonly("block_size", [](const C& c) { return c.shape().block_size; })
       .def("blocks_needed", &C::BlocksNeeded, py::arg("seq_id"), py::arg("num_tokens"))
       .def("allocate", &C::Allocate, py::arg("seq_id"), py::arg("num_tokens"),
+           py::arg("prompt_len") = 0,
            "Room for num_tokens more tokens in every head; False (nothing changed) if full.")
       .def("free", &C::Free, py::arg("seq_id"), "Frees a sequence (unknown ids are ignored).")
       .def("has", [](C& c, SequenceId id) { return c.manager().HasSequence(id); })
@@ -288,6 +410,8 @@ void BindVllm(py::module_& m) {
       .def("read_head", &C::ReadHead, py::arg("seq_id"), py::arg("layer"), py::arg("kv_head"))
       .def("head_tokens", &C::HeadTokens, py::arg("seq_id"), "[num_layers, num_kv_heads]")
       .def("apply_keep_sets", &C::ApplyKeepSets, py::arg("seq_id"), py::arg("keep"))
+      .def("compress", &C::Compress, py::arg("seq_id"), py::arg("current_position"),
+           "The policy on the heads at their trigger; emptied blocks are freed at once.")
       .def_property_readonly("num_free_blocks", [](C& c) { return c.manager().NumFreeBlocks(); })
       .def_property_readonly("num_used_blocks", [](C& c) { return c.manager().NumUsedBlocks(); })
       .def_property_readonly("num_usable_blocks",

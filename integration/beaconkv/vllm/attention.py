@@ -99,8 +99,8 @@ class BeaconAttentionImpl(AttentionImpl):
         v = value[:n].contiguous().numpy()
         out = output[:n]
         assert out.is_contiguous()
-        st.attention(int(m.group(1)), attn_metadata.seq_ids, attn_metadata.query_lens,
-                     attn_metadata.seq_lens, q, k, v, out.numpy(), self.scale)
+        st.attention(int(m.group(1)), attn_metadata.seq_ids, attn_metadata.query_lens, q, k, v,
+                     out.numpy(), self.scale)
         return output
 
 
