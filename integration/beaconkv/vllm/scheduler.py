@@ -22,14 +22,18 @@ from . import state as _state
 logger = logging.getLogger(__name__)
 
 
+def _kv_bytes(kv_cache_config) -> int:
+    """Bytes of vLLM's KV cache: blocks x (page of every layer of every group)."""
+    per_block = sum(g.kv_cache_spec.page_size_bytes * len(g.layer_names)
+                    for g in kv_cache_config.kv_cache_groups)
+    return kv_cache_config.num_blocks * per_block
+
+
 def _pool_blocks(kv_cache_config, geometry, block_size: int) -> int:
     """Our blocks in the memory vLLM sized its cache to (same bytes, float32 K, V, position)."""
-    total = 0
-    for t in kv_cache_config.kv_cache_tensors:
-        total += int(t.size)
     _, _, _, head_dim = geometry
     per_block = block_size * (2 * head_dim * 4 + 4)
-    return max(2, total // per_block)
+    return max(2, _kv_bytes(kv_cache_config) // per_block)
 
 
 class _PooledCacheManager:
@@ -93,7 +97,9 @@ class Scheduler(_VllmScheduler):
             self.beacon_state = None
             _state.set_stats_only({"max_running": 0, "running_sum": 0, "steps": 0,
                                    "preemptions": 0, "peak_kv_blocks": 0,
-                                   "pool_blocks": kv_cache_config.num_blocks - 1})
+                                   "pool_blocks": kv_cache_config.num_blocks - 1,
+                                   "block_bytes": _kv_bytes(kv_cache_config)
+                                   // kv_cache_config.num_blocks})
             return
         mc = vllm_config.model_config
         geometry = _config.check_geometry(mc.hf_config, mc.dtype)

@@ -41,7 +41,8 @@ class BeaconState:
                                           observe=self.observes)
         self.stats = {"peak_kv_blocks": 0, "tokens_evicted": 0, "blocks_freed_by_eviction": 0,
                       "compressions": 0, "max_running": 0, "running_sum": 0, "steps": 0,
-                      "preemptions": 0, "pool_blocks": self.cache.num_usable_blocks}
+                      "preemptions": 0, "pool_blocks": self.cache.num_usable_blocks,
+                      "block_bytes": cfg.block_size * (2 * self.head_dim * 4 + 4)}
 
     # --- scheduler side -------------------------------------------------------------------
     def can_allocate(self, seq_id: int | None, num_tokens: int) -> bool:
