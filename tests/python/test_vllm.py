@@ -57,7 +57,7 @@ def test_full_reproduces_stock_vllm_token_for_token(tmp_path, tok):
 
 
 def test_beacon_matches_our_engine_end_to_end(tmp_path, tok):
-    n = 8
+    n = 16
     prompts = dev_prompts(tok, n)
     ours = run_vllm(tmp_path, "beacon", beaconkv={"policy": "beacon", "budget": 158},
                     prompts=prompts, max_tokens=[1200] * n)
@@ -154,6 +154,9 @@ def test_our_scheduler_admits_as_vllms_while_memory_suffices(monkeypatch, seed):
     monkeypatch.delenv("BEACONKV_VLLM_CONFIG", raising=False)
     stock = _drive(_scheduler("stock", 400), seed)
     monkeypatch.setenv("BEACONKV_VLLM_CONFIG", json.dumps({"policy": "full"}))
+    from beaconkv.vllm import register
+
+    register()  # the entry point ran before the variable was set in this process
     ours_sched = _scheduler("ours", 400)
     ours = _drive(ours_sched, seed)
     assert len(stock) > 10

@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
                "block_size": args.block_tokens}
         config.parse(json.dumps(cfg))  # unknown policy / knob: error before vLLM starts
         os.environ[config.ENV] = json.dumps(cfg)
+        from . import register
+
+        register()  # vLLM may have loaded its plugins already (while building the parser)
     # Same scheduler class both ways, so stock runs report the same statistics.
     args.scheduler_cls = "beaconkv.vllm.Scheduler"
     if args.policy != "stock":

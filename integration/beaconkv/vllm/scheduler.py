@@ -110,6 +110,15 @@ class Scheduler(_VllmScheduler):
             raise ValueError("beaconkv.vllm does not support tensor parallelism yet")
         if getattr(vllm_config, "speculative_config", None) is not None:
             raise ValueError("beaconkv.vllm does not support speculative decoding")
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        from .attention import BeaconAttentionBackend
+
+        path = AttentionBackendEnum.CPU_ATTN.get_path()
+        if path != f"{BeaconAttentionBackend.__module__}.{BeaconAttentionBackend.__name__}":
+            raise RuntimeError(f"beaconkv.vllm: the attention backend is {path}, not BeaconKV's: "
+                               f"set {_config.ENV} before vLLM starts (the vllm.general_plugins "
+                               "entry point registers it) or call beaconkv.vllm.register()")
         num_blocks = _pool_blocks(kv_cache_config, geometry, cfg.block_size)
         theta = _config.rope_theta(mc.hf_config)
         st = _state.BeaconState(cfg, geometry, num_blocks, theta)
