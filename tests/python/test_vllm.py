@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup_vllm.sh; "
@@ -60,16 +61,31 @@ def test_beacon_matches_our_engine_end_to_end(tmp_path, tok):
     n = 16
     prompts = dev_prompts(tok, n)
     ours = run_vllm(tmp_path, "beacon", beaconkv={"policy": "beacon", "budget": 158},
-                    prompts=prompts, max_tokens=[1200] * n)
+                    prompts=prompts, max_tokens=[1200] * n, logprobs=3)
     assert ours["stats"]["tokens_evicted"] > 0  # the policy really evicted
     assert ours["integrity"] == "ok" and ours["used_blocks_at_end"] == 0
     eng = beaconkv.Engine(MODEL, policy=make_policy("beacon", 158), max_batch=n)
     for i, p in enumerate(prompts):
-        eng.add_request(i, p, max_new_tokens=1200)
-    ref = {o["id"]: list(o["output"]) for o in eng.run()}
-    same = sum(ref[i] == ours["outputs"][i] for i in range(n))
+        eng.add_request(i, p, max_new_tokens=1200, return_logits=True)
+    ref = {o["id"]: o for o in eng.run()}
+    same = sum(list(ref[i]["output"]) == ours["outputs"][i] for i in range(n))
     print(f"beacon@158: {same}/{n} dev problems identical to beaconkv.Engine")
     assert same >= n - 1
+    # Logits: vLLM's top-3 logprobs against the engine's log-softmax, first 256 steps, on the
+    # problems whose tokens agree (so both condition on the same text). Eviction starts at
+    # budget + interval = 286 tokens, so compare the steps around and after it too.
+    worst = 0.0
+    for i in range(n):
+        if list(ref[i]["output"]) != ours["outputs"][i]:
+            continue
+        logits = np.asarray(ref[i]["logits"], dtype=np.float64).reshape(len(ours["outputs"][i]), -1)
+        logp = logits - logits.max(1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+        for step in list(range(min(256, len(logp)))) + list(range(256, len(logp), 7)):
+            for tok_id, lp in ours["logprobs"][i][step].items():
+                worst = max(worst, abs(logp[step, int(tok_id)] - lp))
+    print(f"beacon@158: max |logprob difference| vs beaconkv.Engine = {worst:.2e}")
+    assert worst < 1e-3
 
 
 def test_preemption_stress_finishes_everything_and_leaks_nothing(tmp_path, tok):

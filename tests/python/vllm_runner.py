@@ -5,7 +5,7 @@ Used by test_vllm.py through a subprocess, so that each configuration gets a fre
 
 spec: {"model": DIR, "beaconkv": null | {"policy": ..., "budget": ..., "knobs": ...},
        "prompts": [[ids...], ...], "max_tokens": [n, ...], "ignore_eos": bool,
-       "kv_cache_memory_bytes": int, "max_model_len": int}
+       "kv_cache_memory_bytes": int, "max_model_len": int, "logprobs": null | k}
 result: {"outputs": [[ids...], ...], "stats": {...}, "integrity": "ok" | message,
          "used_blocks_at_end": int}
 """
@@ -31,11 +31,15 @@ def main() -> None:
     llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, seed=0,
               enable_prefix_caching=False, max_model_len=spec.get("max_model_len", 2048),
               kv_cache_memory_bytes=spec["kv_cache_memory_bytes"], **kw)
-    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=spec.get("ignore_eos", False))
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=spec.get("ignore_eos", False),
+                             logprobs=spec.get("logprobs"))
               for m in spec["max_tokens"]]
     outs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], params,
                         use_tqdm=False)
     result = {"outputs": [list(o.outputs[0].token_ids) for o in outs]}
+    if spec.get("logprobs"):  # per step: {token id: logprob} of the top tokens
+        result["logprobs"] = [[{str(t): lp.logprob for t, lp in step.items()}
+                               for step in o.outputs[0].logprobs] for o in outs]
     if spec.get("beaconkv") is not None:
         from beaconkv.vllm import state
 
