@@ -47,7 +47,7 @@ def dev_prompts(tok, n):
 
 def test_full_reproduces_stock_vllm_token_for_token(tmp_path, tok):
     prompts = dev_prompts(tok, 32)
-    spec = dict(prompts=prompts, max_tokens=[160] * len(prompts))
+    spec = dict(prompts=prompts, max_tokens=[400] * len(prompts))
     stock = run_vllm(tmp_path, "stock", beaconkv=None, **spec)
     ours = run_vllm(tmp_path, "full", beaconkv={"policy": "full"}, **spec)
     assert ours["integrity"] == "ok"
