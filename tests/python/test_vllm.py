@@ -157,8 +157,9 @@ def _drive(sched, seed: int, n: int = 40) -> list:
             break
         ids = sorted(out.num_scheduled_tokens)
         log.append([(i, out.num_scheduled_tokens[i]) for i in ids])
-        sampled = [[7] if sched.requests[i].num_computed_tokens >= sched.requests[i].num_prompt_tokens
-                   else [] for i in ids]
+        done = {i for i in ids
+                if sched.requests[i].num_computed_tokens >= sched.requests[i].num_prompt_tokens}
+        sampled = [[7] if i in done else [] for i in ids]
         sched.update_from_output(out, ModelRunnerOutput(
             req_ids=ids, req_id_to_index={i: k for k, i in enumerate(ids)},
             sampled_token_ids=sampled))

@@ -53,7 +53,8 @@ def test_attention_matches_reference_for_prefill_then_decode(block_size):
         for layer in range(L):
             out = np.zeros((total, H, D), np.float32)
             cache.attention(layer, np.array(ids, np.int32), np.array(step, np.int32),
-                            np.ascontiguousarray(q[:, layer]), np.ascontiguousarray(k_new[:, layer]),
+                            np.ascontiguousarray(q[:, layer]),
+                            np.ascontiguousarray(k_new[:, layer]),
                             np.ascontiguousarray(v_new[:, layer]), out, 0.3)
             for s, n in zip(ids, step):
                 t0, p0 = starts[s]

@@ -127,7 +127,8 @@ class Scheduler(_VllmScheduler):
         sched = vllm_config.scheduler_config
         per_req = -(-vllm_config.model_config.max_model_len // kwargs.get("block_size", 128))
         inflated = copy.deepcopy(kv_cache_config)
-        inflated.num_blocks = max(kv_cache_config.num_blocks, sched.max_num_seqs * (per_req + 1) + 2)
+        inflated.num_blocks = max(kv_cache_config.num_blocks,
+                                  sched.max_num_seqs * (per_req + 1) + 2)
         super().__init__(vllm_config, inflated, *args, **kwargs)
         self.beacon_state = st
         self.kv_cache_manager = _PooledCacheManager(self.kv_cache_manager, st)
