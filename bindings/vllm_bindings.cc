@@ -98,13 +98,14 @@ class VllmKvCache {
 
   // Runs the sequence's policy on every layer's heads at their trigger (as the reference
   // engine does after a decode step) and frees emptied blocks at once.
-  // Returns {tokens_evicted, blocks_freed, compressions}.
+  // Returns {tokens_evicted, blocks_freed, compressions, keep: [(layer, kv_head, slots)]}.
   py::dict Compress(SequenceId id, int32_t current_position) {
     auto it = policies_.find(id);
     if (it == policies_.end()) throw py::value_error(absl::StrFormat("unknown sequence %d", id));
     PolicyState& pol = *it->second;
     const KvShape& s = shape();
     int64_t evicted = 0, freed = 0, compressions = 0;
+    std::vector<HeadKeepSet> applied;  // every keep-set, in the order applied
     {
       py::gil_scoped_release release;
       std::vector<int32_t> tokens(s.num_kv_heads);
@@ -125,7 +126,10 @@ class VllmKvCache {
           Check(sets.status());
         }
         std::vector<KeepSet> keep;
-        for (HeadKeepSet& k : *sets) keep.push_back({k.layer, k.kv_head, std::move(k.slots)});
+        for (HeadKeepSet& k : *sets) {
+          applied.push_back({k.layer, k.kv_head, k.slots});
+          keep.push_back({k.layer, k.kv_head, std::move(k.slots)});
+        }
         absl::StatusOr<CompactionPlan> plan = manager_->ApplyKeepSets(id, keep);
         if (!plan.ok()) {
           py::gil_scoped_acquire acquire;
@@ -140,6 +144,9 @@ class VllmKvCache {
     out["tokens_evicted"] = evicted;
     out["blocks_freed"] = freed;
     out["compressions"] = compressions;
+    py::list keep;
+    for (const HeadKeepSet& k : applied) keep.append(py::make_tuple(k.layer, k.kv_head, k.slots));
+    out["keep"] = keep;  // [(layer, kv_head, kept slots)], for a replica pool
     return out;
   }
 

@@ -5,7 +5,8 @@ Used by test_vllm.py through a subprocess, so that each configuration gets a fre
 
 spec: {"model": DIR, "beaconkv": null | {"policy": ..., "budget": ..., "knobs": ...},
        "prompts": [[ids...], ...], "max_tokens": [n, ...], "ignore_eos": bool,
-       "kv_cache_memory_bytes": int, "max_model_len": int, "logprobs": null | k}
+       "kv_cache_memory_bytes": int, "max_model_len": int, "logprobs": null | k,
+       "multiprocess": bool (scheduler and model in separate processes, BeaconKVConnector)}
 result: {"outputs": [[ids...], ...], "stats": {...}, "integrity": "ok" | message,
          "used_blocks_at_end": int}
 """
@@ -19,11 +20,16 @@ import sys
 
 def main() -> None:
     spec = json.load(open(sys.argv[1]))
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    multiprocess = spec.get("multiprocess", False)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
     kw = {}
     if spec.get("beaconkv") is not None:
         os.environ["BEACONKV_VLLM_CONFIG"] = json.dumps(spec["beaconkv"])
         kw["scheduler_cls"] = "beaconkv.vllm.Scheduler"
+        if multiprocess:
+            from beaconkv.vllm.connector import kv_transfer_config
+
+            kw["kv_transfer_config"] = kv_transfer_config()
     else:
         os.environ.pop("BEACONKV_VLLM_CONFIG", None)
     from vllm import LLM, SamplingParams
@@ -40,7 +46,7 @@ def main() -> None:
     if spec.get("logprobs"):  # per step: {token id: logprob} of the top tokens
         result["logprobs"] = [[{str(t): lp.logprob for t, lp in step.items()}
                                for step in o.outputs[0].logprobs] for o in outs]
-    if spec.get("beaconkv") is not None:
+    if spec.get("beaconkv") is not None and not multiprocess:
         from beaconkv.vllm import state
 
         st = state.get()

@@ -71,9 +71,14 @@ class BeaconAttentionImpl(AttentionImpl):
         if unsupported:
             raise ValueError("BeaconKV cannot serve this model: " + ", ".join(unsupported))
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
-            raise RuntimeError(
-                "beaconkv.vllm runs the scheduler and the model in one process: set "
-                "VLLM_ENABLE_V1_MULTIPROCESSING=0 (the multi-process path is not built yet)")
+            from vllm.config import get_current_vllm_config
+
+            ktc = get_current_vllm_config().kv_transfer_config
+            if ktc is None or ktc.kv_connector != "BeaconKVConnector":
+                raise RuntimeError(
+                    "beaconkv.vllm with separate scheduler and model processes needs the "
+                    "BeaconKVConnector (kv_transfer_config=beaconkv.vllm.connector."
+                    "kv_transfer_config()), or VLLM_ENABLE_V1_MULTIPROCESSING=0")
         self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
         self.scale = float(scale)
         self.kv_sharing_target_layer_name = None
@@ -99,7 +104,11 @@ class BeaconAttentionImpl(AttentionImpl):
         v = value[:n].contiguous().numpy()
         out = output[:n]
         assert out.is_contiguous()
-        st.attention(int(m.group(1)), attn_metadata.seq_ids, attn_metadata.query_lens, q, k, v,
+        layer_index = int(m.group(1))
+        if layer_index == 0:
+            st.record_rows(attn_metadata.seq_ids, attn_metadata.query_lens,
+                           attn_metadata.seq_lens)
+        st.attention(layer_index, attn_metadata.seq_ids, attn_metadata.query_lens, q, k, v,
                      out.numpy(), self.scale)
         return output
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 
@@ -43,6 +44,19 @@ class _PooledCacheManager:
         self._inner = inner
         self._st = st
         self._seq_of: dict[str, int] = {}
+        self._ops: list[tuple] | None = None  # multi-process: operations not yet shipped
+
+    def log_ops(self) -> None:
+        """Record every pool operation for the worker's replica (see connector.py)."""
+        self._ops = []
+
+    def take_ops(self) -> list[tuple]:
+        ops, self._ops = self._ops, []
+        return ops
+
+    def apply_worker_keep_sets(self, keep: list) -> None:
+        for seq, sets in keep:
+            self._st.apply_keep_sets(seq, sets)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
@@ -65,12 +79,16 @@ class _PooledCacheManager:
             self._seq_of[request.request_id] = seq
         ok = self._st.allocate(seq, n, request.num_prompt_tokens)
         assert ok, "room was checked above"
+        if self._ops is not None:
+            self._ops.append(("a", seq, n, request.num_prompt_tokens))
         return blocks
 
     def _drop(self, request) -> None:
         seq = self._seq_of.pop(request.request_id, None)
         if seq is not None:
             self._st.free(seq)
+            if self._ops is not None:
+                self._ops.append(("f", seq))
 
     def free(self, request) -> None:
         self._drop(request)
@@ -121,7 +139,10 @@ class Scheduler(_VllmScheduler):
                                "entry point registers it) or call beaconkv.vllm.register()")
         num_blocks = _pool_blocks(kv_cache_config, geometry, cfg.block_size)
         theta = _config.rope_theta(mc.hf_config)
-        st = _state.BeaconState(cfg, geometry, num_blocks, theta)
+        self.beacon_multiprocess = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0"
+        # Multi-process: this pool is a replica that counts; the worker's policies decide.
+        st = _state.BeaconState(cfg, geometry, num_blocks, theta,
+                                observe=False if self.beacon_multiprocess else None)
         _state.set_state(st)
         # vLLM's manager only names blocks: make it big enough never to refuse.
         sched = vllm_config.scheduler_config
@@ -132,6 +153,18 @@ class Scheduler(_VllmScheduler):
         super().__init__(vllm_config, inflated, *args, **kwargs)
         self.beacon_state = st
         self.kv_cache_manager = _PooledCacheManager(self.kv_cache_manager, st)
+        if self.beacon_multiprocess:
+            from .connector import BeaconKVConnector
+
+            if not isinstance(self.connector, BeaconKVConnector):
+                raise RuntimeError(
+                    "beaconkv.vllm with separate scheduler and model processes needs the "
+                    "BeaconKVConnector: pass kv_transfer_config=beaconkv.vllm.connector."
+                    "kv_transfer_config() (or set VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+            self.kv_cache_manager.log_ops()
+            self.connector.attach(self.kv_cache_manager, {
+                "config": cfg.to_json(), "geometry": list(geometry), "num_blocks": num_blocks,
+                "rope_theta": theta})
         logger.info("beaconkv.vllm: policy %s, budget %s, pool of %d blocks of %d tokens",
                     cfg.policy, cfg.budget, num_blocks, cfg.block_size)
 
@@ -155,7 +188,7 @@ class Scheduler(_VllmScheduler):
 
     def update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)
-        if self.beacon_enabled:
+        if self.beacon_enabled and not self.beacon_multiprocess:
             mgr = self.kv_cache_manager
             # Decode steps only (as the reference engine), after finished requests were freed.
             for req_id, n in scheduler_output.num_scheduled_tokens.items():

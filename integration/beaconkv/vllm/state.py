@@ -26,7 +26,7 @@ class BeaconState:
     """One pool of head-granular blocks, the policy of every sequence, and statistics."""
 
     def __init__(self, cfg, geometry: tuple[int, int, int, int], num_blocks: int,
-                 rope_theta: float):
+                 rope_theta: float, observe: bool | None = None):
         import beaconkv
 
         self.cfg = cfg
@@ -34,7 +34,10 @@ class BeaconState:
         self.group = self.num_heads // self.num_kv_heads
         self.rope_theta = rope_theta
         self.policy_cfg = cfg.policy_config()
-        self.observes = cfg.policy != "full"
+        # A scheduler-side replica (multi-process) only counts: the worker's policies decide.
+        self.observes = cfg.policy != "full" if observe is None else observe
+        self.prompt_len: dict[int, int] = {}  # worker side (multi-process): seq -> prompt
+        self._rows: list[tuple[int, int, int]] = []  # (seq, new tokens, seq_len) of the step
         self.cache = beaconkv.VllmKvCache(self.num_layers, self.num_kv_heads, self.num_heads,
                                           self.head_dim, cfg.block_size, num_blocks,
                                           policy=self.policy_cfg, rope_theta=rope_theta,
@@ -59,14 +62,34 @@ class BeaconState:
     def free(self, seq_id: int) -> None:
         self.cache.free(seq_id)
 
-    def compress(self, seq_id: int, current_position: int) -> None:
-        """Runs the sequence's policy on the heads at their trigger; frees blocks at once."""
+    def compress(self, seq_id: int, current_position: int) -> list:
+        """Runs the sequence's policy on the heads at their trigger; frees blocks at once.
+        Returns the keep-sets applied: [(layer, kv_head, slots)]."""
         if not self.observes:
-            return
+            return []
         out = self.cache.compress(seq_id, current_position)
+        self._count(out)
+        return [(int(l), int(h), [int(x) for x in slots]) for l, h, slots in out["keep"]]
+
+    def apply_keep_sets(self, seq_id: int, sets: list) -> None:
+        """Applies keep-sets computed elsewhere (the worker's policies)."""
+        if not self.cache.has(seq_id):  # finished (and freed) in the same step
+            return
+        out = self.cache.apply_keep_sets(seq_id, {(l, h): slots for l, h, slots in sets})
+        out["compressions"] = len({l for l, _, _ in sets})
+        self._count(out)
+
+    def _count(self, out: dict) -> None:
         self.stats["compressions"] += out["compressions"]
         self.stats["tokens_evicted"] += out["tokens_evicted"]
         self.stats["blocks_freed_by_eviction"] += out["blocks_freed"]
+
+    def record_rows(self, seq_ids, query_lens, seq_lens) -> None:
+        self._rows = list(zip(seq_ids.tolist(), query_lens.tolist(), seq_lens.tolist()))
+
+    def take_step_rows(self) -> list[tuple[int, int, int]]:
+        rows, self._rows = self._rows, []
+        return rows
 
     # --- model side -----------------------------------------------------------------------
     def attention(self, layer: int, seq_ids: np.ndarray, query_lens: np.ndarray,
