@@ -122,18 +122,29 @@ def test_beacon_across_processes_matches_our_engine(tmp_path, engine_refs):
     check_against_engine(ours, engine_refs, "beacon@158, multi-process")
 
 
-def test_preemption_stress_finishes_everything_and_leaks_nothing(tmp_path, tok):
+# Single process: `full`, so the pool is under pressure all the time. Multi-process: `beacon`
+# at a small budget, so keep-sets cross the process boundary while requests are preempted.
+@pytest.mark.parametrize("multiprocess,policy", [
+    (False, {"policy": "full"}),
+    (True, {"policy": "beacon", "budget": 64, "knobs": {"interval": 16}})])
+def test_preemption_stress_finishes_everything_and_leaks_nothing(tmp_path, tok, monkeypatch,
+                                                                 multiprocess, policy):
     rng = random.Random(11)
     vocab = list(range(3, tok.vocab_size))
     prompts = [[tok.bos_id] + [rng.choice(vocab) for _ in range(rng.randint(4, 60))]
                for _ in range(200)]
     max_tokens = [rng.randint(8, 96) for _ in prompts]
     # ~4 sequences of 160 tokens: 4 * 160 tokens * 2 KiB per token (vLLM's unit).
-    out = run_vllm(tmp_path, "stress", beaconkv={"policy": "full"}, prompts=prompts,
+    # Multi-process: the worker's replica pool verifies itself every step (and raises if the
+    # scheduler's operations ever fail to replay), so finishing is the check there.
+    monkeypatch.setenv("BEACONKV_VLLM_VERIFY", "1")
+    out = run_vllm(tmp_path, "stress", beaconkv=policy, prompts=prompts,
                    max_tokens=max_tokens, ignore_eos=True, max_model_len=256,
-                   kv_cache_memory_bytes=4 * 160 * 2048)
-    print(f"stress: {out['stats']}")
+                   kv_cache_memory_bytes=4 * 160 * 2048, multiprocess=multiprocess)
     assert [len(o) for o in out["outputs"]] == max_tokens
+    if multiprocess:
+        return
+    print(f"stress: {out['stats']}")
     assert out["stats"]["preemptions"] > 0
     assert out["integrity"] == "ok"
     assert out["used_blocks_at_end"] == 0

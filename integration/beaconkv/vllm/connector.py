@@ -19,6 +19,7 @@ Enable with ``kv_transfer_config={"kv_connector": "BeaconKVConnector", "kv_role"
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
@@ -30,6 +31,8 @@ from . import config as _config
 from . import state as _state
 
 NAME = "BeaconKVConnector"
+# Tests set BEACONKV_VLLM_VERIFY=1: the worker's pool runs VerifyIntegrity() every step.
+_VERIFY = os.environ.get("BEACONKV_VLLM_VERIFY") == "1"
 
 
 def kv_transfer_config() -> dict:
@@ -97,6 +100,8 @@ class BeaconKVConnector(KVConnectorBase_V1):
             else:
                 st.free(op[1])
                 st.prompt_len.pop(op[1], None)
+        if _VERIFY:
+            st.cache.verify_integrity()
 
     def build_connector_worker_meta(self):
         st = _state.get()
@@ -109,6 +114,8 @@ class BeaconKVConnector(KVConnectorBase_V1):
             sets = st.compress(sid, seq_len - 1)
             if sets:
                 keep.append((sid, sets))
+        if _VERIFY:
+            st.cache.verify_integrity()
         return BeaconKeepMeta(keep) if keep else None
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
