@@ -5,6 +5,7 @@ namespace beaconkv {
 void BindBlockManager(pybind11::module_& m);
 void BindEngine(pybind11::module_& m);
 void BindPolicies(pybind11::module_& m);
+void BindVllm(pybind11::module_& m);
 }  // namespace beaconkv
 
 PYBIND11_MODULE(_beaconkv, m) {
@@ -12,4 +13,5 @@ PYBIND11_MODULE(_beaconkv, m) {
   beaconkv::BindBlockManager(m);
   beaconkv::BindEngine(m);
   beaconkv::BindPolicies(m);
+  beaconkv::BindVllm(m);
 }

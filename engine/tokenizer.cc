@@ -13,7 +13,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr char kFormat[] = "beaconkv-char-v1";
+constexpr char kModelType[] = "WordLevel";
 constexpr char kReplacementChar[] = "\xEF\xBF\xBD";  // U+FFFD
 
 absl::Status FieldError(const std::string& file, const std::string& field,
@@ -26,24 +26,6 @@ std::string DescribeChar(std::string_view utf8, char32_t cp) {
   const std::string code = absl::StrFormat("U+%04X", static_cast<uint32_t>(cp));
   if (cp < 0x20 || cp == 0x7f) return code;
   return absl::StrFormat("'%s' (%s)", utf8, code);
-}
-
-absl::StatusOr<int32_t> GetId(const json& obj, const char* key, int64_t vocab_size,
-                              const std::string& file) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return FieldError(file, key, "is missing");
-  if (!it->is_number_integer()) {
-    return FieldError(file, key, absl::StrFormat("must be an integer, got %s", it->dump()));
-  }
-  const bool in_range = it->is_number_unsigned()
-                            ? it->get<uint64_t>() < static_cast<uint64_t>(vocab_size)
-                            : false;  // signed integers here are negative
-  if (!in_range) {
-    return FieldError(
-        file, key,
-        absl::StrFormat("is %s, outside the vocabulary of %d entries", it->dump(), vocab_size));
-  }
-  return static_cast<int32_t>(it->get<int64_t>());
 }
 
 }  // namespace
@@ -92,58 +74,70 @@ absl::StatusOr<CharTokenizer> CharTokenizer::FromJson(const std::string& text,
   absl::StatusOr<json> parsed = ParseJsonObject(text, file);
   if (!parsed.ok()) return parsed.status();
   const json& obj = *parsed;
-  auto format = obj.find("format");
-  if (format == obj.end()) return FieldError(file, "format", "is missing");
-  if (*format != kFormat) {
-    return FieldError(file, "format",
-                      absl::StrFormat("is %s, expected \"%s\"", format->dump(), kFormat));
+  auto model = obj.find("model");
+  if (model == obj.end()) return FieldError(file, "model", "is missing");
+  if (!model->is_object()) return FieldError(file, "model", "must be an object");
+  auto type = model->find("type");
+  if (type == model->end()) return FieldError(file, "model.type", "is missing");
+  if (*type != kModelType) {
+    return FieldError(file, "model.type",
+                      absl::StrFormat("is %s, expected \"%s\" (the engine reads character-level "
+                                      "Hugging Face tokenizers only)",
+                                      type->dump(), kModelType));
   }
-  auto vocab = obj.find("vocab");
-  if (vocab == obj.end()) return FieldError(file, "vocab", "is missing");
-  if (!vocab->is_array() || vocab->empty()) {
-    return FieldError(file, "vocab", "must be a non-empty list of strings");
+  auto vocab = model->find("vocab");
+  if (vocab == model->end()) return FieldError(file, "model.vocab", "is missing");
+  if (!vocab->is_object() || vocab->empty()) {
+    return FieldError(file, "model.vocab", "must be a non-empty map from token to id");
   }
   if (vocab->size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
-    return FieldError(file, "vocab", "has more entries than fit in int32");
+    return FieldError(file, "model.vocab", "has more entries than fit in int32");
   }
+  const int64_t n = static_cast<int64_t>(vocab->size());
 
   CharTokenizer tok;
   tok.source_ = file;
-  tok.vocab_.reserve(vocab->size());
-  tok.special_.reserve(vocab->size());
-  absl::flat_hash_map<std::string, int32_t> seen;
-  for (size_t i = 0; i < vocab->size(); ++i) {
-    const json& entry = (*vocab)[i];
-    const std::string where = absl::StrFormat("vocab[%d]", i);
-    if (!entry.is_string()) {
-      return FieldError(file, where, absl::StrFormat("must be a string, got %s", entry.dump()));
+  tok.vocab_.resize(n);
+  tok.special_.resize(n);
+  std::vector<bool> filled(n, false);
+  for (const auto& [s, id_json] : vocab->items()) {
+    const std::string where = absl::StrFormat("model.vocab[%s]", json(s).dump());
+    if (!id_json.is_number_integer()) {
+      return FieldError(file, where,
+                        absl::StrFormat("must be an integer id, got %s", id_json.dump()));
     }
-    std::string s = entry.get<std::string>();
+    const bool in_range =
+        id_json.is_number_unsigned() && id_json.get<uint64_t>() < static_cast<uint64_t>(n);
+    if (!in_range) {
+      return FieldError(
+          file, where,
+          absl::StrFormat("is %s, outside 0..%d (ids must be dense)", id_json.dump(), n - 1));
+    }
+    const int32_t id = id_json.get<int32_t>();
+    if (filled[id]) {
+      return FieldError(
+          file, where, absl::StrFormat("is %d, the id of %s too", id, json(tok.vocab_[id]).dump()));
+    }
     char32_t cp = 0;
     const int len = DecodeUtf8Char(s, 0, &cp);
     const bool one_char = len > 0 && static_cast<size_t>(len) == s.size();
     const bool special = !one_char && s.size() >= 2 && s.front() == '<' && s.back() == '>';
     if (!one_char && !special) {
-      return FieldError(
-          file, where,
-          absl::StrFormat("is %s, neither one character nor a <special> token", entry.dump()));
-    }
-    const int32_t id = static_cast<int32_t>(i);
-    if (auto [it, inserted] = seen.emplace(s, id); !inserted) {
-      return FieldError(
-          file, where,
-          absl::StrFormat("is %s, a duplicate of vocab[%d]", entry.dump(), it->second));
+      return FieldError(file, where, "is neither one character nor a <special> token");
     }
     if (one_char) tok.char_ids_[cp] = id;
-    tok.vocab_.push_back(std::move(s));
-    tok.special_.push_back(special);
+    tok.vocab_[id] = s;
+    tok.special_[id] = special;
+    filled[id] = true;
   }
-  const int64_t n = static_cast<int64_t>(tok.vocab_.size());
-  for (auto [key, out] : {std::pair{"pad_id", &tok.pad_id_}, std::pair{"bos_id", &tok.bos_id_},
-                          std::pair{"eos_id", &tok.eos_id_}}) {
-    absl::StatusOr<int32_t> id = GetId(obj, key, n, file);
-    if (!id.ok()) return id.status();
-    *out = *id;
+  // n distinct ids in [0, n): every id is filled.
+  for (auto [name, out] : {std::pair{"<pad>", &tok.pad_id_}, std::pair{"<bos>", &tok.bos_id_},
+                           std::pair{"<eos>", &tok.eos_id_}}) {
+    auto it = vocab->find(name);
+    if (it == vocab->end()) {
+      return FieldError(file, "model.vocab", absl::StrFormat("has no \"%s\" entry", name));
+    }
+    *out = it->get<int32_t>();
   }
   return tok;
 }

@@ -1,9 +1,12 @@
-// The character-level tokenizer of the tiny reasoner. File format ("beaconkv-char-v1"), defined
-// by integration/beaconkv/tokenizer.py:
-//   {"format": "beaconkv-char-v1", "vocab": ["<pad>", "<bos>", "<eos>", "\n", ...],
-//    "pad_id": 0, "bos_id": 1, "eos_id": 2}
-// Token id i is vocab[i]. An entry is either exactly one Unicode character (any UTF-8 length)
-// or a special token "<...>". Encoding maps each character of the text to its id (no merges).
+// The character-level tokenizer of the tiny reasoner, read from the model directory's Hugging Face
+// `tokenizer.json` (the one file the Python side, transformers and vLLM read too; written by
+// integration/beaconkv/tokenizer.py). Only a character-level WordLevel model is accepted:
+//   {"model": {"type": "WordLevel", "vocab": {"<pad>": 0, "<bos>": 1, "<eos>": 2, "\n": 3, ...}},
+//    ...}
+// Token id i is the vocab key mapped to i; ids are dense. A key is either exactly one Unicode
+// character (any UTF-8 length) or a special token "<...>"; pad/bos/eos are the ids of "<pad>",
+// "<bos>", "<eos>". The pre-tokenizer, post-processor and decoder sections are not read: the
+// engine encodes each character to its id (no merges) and prepends bos itself.
 #pragma once
 
 #include <cstdint>

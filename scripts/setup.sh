@@ -19,7 +19,7 @@ if ((${#missing[@]})); then
 fi
 
 PY=${PYTHON:-python3}
-$PY -m pip install -q --disable-pip-version-check numpy pytest pybind11 scikit-build-core matplotlib
+$PY -m pip install -q --disable-pip-version-check numpy pytest pybind11 scikit-build-core matplotlib tokenizers
 echo "setup: building and installing the beaconkv package"
 $PY -m pip install -q --disable-pip-version-check --no-build-isolation .
 command -v pyenv >/dev/null 2>&1 && pyenv rehash || true

@@ -193,8 +193,11 @@ def write_checkpoint(out_dir: str, model: TinyLlama, tok: CharTokenizer, extra: 
         json.dump(cfg, f, indent=1)
         f.write("\n")
     os.replace(tmp, os.path.join(out_dir, "config.json"))
-    tok.save(tmp)
-    os.replace(tmp, os.path.join(out_dir, "tokenizer.json"))
+    tok_dir = os.path.join(out_dir, ".tmp-tokenizer")
+    tok.save_pretrained(tok_dir)  # HF tokenizer.json + tokenizer_config + generation_config
+    for name in sorted(os.listdir(tok_dir)):
+        os.replace(os.path.join(tok_dir, name), os.path.join(out_dir, name))
+    os.rmdir(tok_dir)
 
 
 # ----------------------------------------------------------------------------- data

@@ -1,5 +1,5 @@
-// CharTokenizer: the beaconkv-char-v1 file format, UTF-8 characters of every length, and errors
-// that name the file and field or the offending character.
+// CharTokenizer: the Hugging Face WordLevel tokenizer.json, UTF-8 characters of every length, and
+// errors that name the file and field or the offending character.
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,13 +23,14 @@ constexpr char kFile[] = "/models/m/tokenizer.json";
 
 // Ids: 0 <pad>, 1 <bos>, 2 <eos>, 3 "\n", 4 "a", 5 "b", 6 "é" (2 bytes), 7 "∑" (3 bytes),
 // 8 "😀" (4 bytes, written as a surrogate pair escape), 9 "<sep>", 10 "<", 11 ">".
+// The sections the engine does not read are abbreviated.
 constexpr char kTokenizer[] = R"({
- "format": "beaconkv-char-v1",
- "vocab": ["<pad>", "<bos>", "<eos>", "\n", "a", "b", "\u00e9", "∑", "\ud83d\ude00", "<sep>",
-           "<", ">"],
- "pad_id": 0,
- "bos_id": 1,
- "eos_id": 2
+ "version": "1.0",
+ "added_tokens": [{"id": 0, "content": "<pad>", "special": true}],
+ "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated"},
+ "model": {"type": "WordLevel", "unk_token": null,
+           "vocab": {"<pad>": 0, "<bos>": 1, "<eos>": 2, "\n": 3, "a": 4, "b": 5, "\u00e9": 6,
+                     "∑": 7, "\ud83d\ude00": 8, "<sep>": 9, "<": 10, ">": 11}}
 })";
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
@@ -164,14 +165,11 @@ struct BadTokenizer {
   std::vector<std::string> expected;
 };
 
-std::string WithVocab(const std::string& vocab, const std::string& ids = "0, 1, 2") {
-  int pad = 0, bos = 0, eos = 0;
-  std::sscanf(ids.c_str(), "%d, %d, %d", &pad, &bos, &eos);
-  return absl::StrCat(R"({"format": "beaconkv-char-v1", "vocab": )", vocab, R"(, "pad_id": )", pad,
-                      R"(, "bos_id": )", bos, R"(, "eos_id": )", eos, "}");
+// A tokenizer.json whose model.vocab is `vocab` (a JSON map).
+std::string WithVocab(const std::string& vocab) {
+  return absl::StrCat(R"({"version": "1.0", "model": {"type": "WordLevel", "vocab": )", vocab,
+                      "}}");
 }
-
-constexpr char kBasicVocab[] = R"(["<pad>", "<bos>", "<eos>", "a"])";
 
 class BadTokenizerTest : public ::testing::TestWithParam<BadTokenizer> {};
 
@@ -189,55 +187,48 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadTokenizer{"not_json", "{\"format\": ", {"not valid JSON"}},
         BadTokenizer{"not_object", "[\"a\"]", {"must be a JSON object"}},
-        BadTokenizer{"missing_format",
-                     R"({"vocab": ["a"], "pad_id": 0, "bos_id": 0,
-                     "eos_id": 0})",
-                     {"'format' is missing"}},
-        BadTokenizer{"wrong_format",
-                     R"({"format": "hf-bpe", "vocab": ["a"], "pad_id": 0, "bos_id": 0,
-                     "eos_id": 0})",
-                     {"'format'", "\"hf-bpe\"", "beaconkv-char-v1"}},
-        BadTokenizer{"missing_vocab",
-                     R"({"format": "beaconkv-char-v1", "pad_id": 0})",
-                     {"'vocab' is missing"}},
-        BadTokenizer{"vocab_not_list", WithVocab(R"("abc")"), {"'vocab'", "list of strings"}},
-        BadTokenizer{"vocab_empty", WithVocab("[]"), {"'vocab'", "non-empty"}},
-        BadTokenizer{"entry_not_string",
-                     WithVocab(R"(["<pad>", "<bos>", "<eos>", 7])"),
-                     {"'vocab[3]'", "must be a string"}},
-        BadTokenizer{"entry_two_chars",
-                     WithVocab(R"(["<pad>", "<bos>", "<eos>", "ab"])"),
-                     {"'vocab[3]'", "\"ab\"", "neither one character nor"}},
+        BadTokenizer{"missing_model", R"({"version": "1.0"})", {"'model' is missing"}},
+        BadTokenizer{"model_not_object", R"({"model": "WordLevel"})", {"'model'", "object"}},
         BadTokenizer{
-            "entry_empty", WithVocab(R"(["<pad>", "<bos>", "<eos>", ""])"), {"'vocab[3]'"}},
-        BadTokenizer{"entry_half_special",
-                     WithVocab(R"(["<pad>", "<bos", "<eos>"])"),
-                     {"'vocab[1]'", "\"<bos\""}},
-        BadTokenizer{"duplicate_char",
-                     WithVocab(R"(["<pad>", "<bos>", "<eos>", "a", "b", "a"])"),
-                     {"'vocab[5]'", "duplicate of vocab[3]"}},
-        BadTokenizer{"duplicate_multibyte",
-                     WithVocab(R"(["<pad>", "<bos>", "<eos>", "\u00e9", "é"])"),
-                     {"'vocab[4]'", "duplicate of vocab[3]"}},
-        BadTokenizer{"duplicate_special",
-                     WithVocab(R"(["<pad>", "<bos>", "<eos>", "<pad>"])"),
-                     {"'vocab[3]'", "duplicate of vocab[0]"}},
-        BadTokenizer{"bos_out_of_range",
-                     WithVocab(kBasicVocab, "0, 4, 2"),
-                     {"'bos_id'", "is 4", "4 entries"}},
-        BadTokenizer{"eos_negative", WithVocab(kBasicVocab, "0, 1, -1"), {"'eos_id'", "-1"}},
-        BadTokenizer{"pad_missing",
-                     R"({"format": "beaconkv-char-v1", "vocab": ["a"], "bos_id": 0,
-                     "eos_id": 0})",
-                     {"'pad_id' is missing"}},
+            "missing_type", R"({"model": {"vocab": {"a": 0}}})", {"'model.type' is missing"}},
+        BadTokenizer{"bpe_model",
+                     R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})",
+                     {"'model.type'", "\"BPE\"", "WordLevel", "character-level"}},
+        BadTokenizer{"private_format",
+                     R"({"format": "beaconkv-char-v1", "vocab": ["a"], "pad_id": 0})",
+                     {"'model' is missing"}},
+        BadTokenizer{
+            "missing_vocab", R"({"model": {"type": "WordLevel"}})", {"'model.vocab' is missing"}},
+        BadTokenizer{
+            "vocab_list", WithVocab(R"(["<pad>", "<bos>", "<eos>"])"), {"'model.vocab'", "map"}},
+        BadTokenizer{"vocab_empty", WithVocab("{}"), {"'model.vocab'", "non-empty"}},
         BadTokenizer{"id_not_integer",
-                     R"({"format": "beaconkv-char-v1", "vocab": ["a"], "pad_id": "0",
-                     "bos_id": 0, "eos_id": 0})",
-                     {"'pad_id'", "integer"}},
+                     WithVocab(R"({"<pad>": 0, "<bos>": 1, "<eos>": 2, "a": "3"})"),
+                     {"'model.vocab[\"a\"]'", "integer"}},
         BadTokenizer{"id_float",
-                     R"({"format": "beaconkv-char-v1", "vocab": ["a"], "pad_id": 0,
-                     "bos_id": 0.0, "eos_id": 0})",
-                     {"'bos_id'", "integer"}}),
+                     WithVocab(R"({"<pad>": 0, "<bos>": 1.0, "<eos>": 2})"),
+                     {"'model.vocab[\"<bos>\"]'", "integer"}},
+        BadTokenizer{"id_gap",
+                     WithVocab(R"({"<pad>": 0, "<bos>": 1, "<eos>": 2, "a": 4})"),
+                     {"'model.vocab[\"a\"]'", "is 4", "0..3", "dense"}},
+        BadTokenizer{"id_negative",
+                     WithVocab(R"({"<pad>": 0, "<bos>": 1, "<eos>": -1})"),
+                     {"'model.vocab[\"<eos>\"]'", "-1"}},
+        BadTokenizer{"entry_two_chars",
+                     WithVocab(R"({"<pad>": 0, "<bos>": 1, "<eos>": 2, "ab": 3})"),
+                     {"'model.vocab[\"ab\"]'", "neither one character nor"}},
+        BadTokenizer{"entry_empty",
+                     WithVocab(R"({"<pad>": 0, "<bos>": 1, "<eos>": 2, "": 3})"),
+                     {"'model.vocab[\"\"]'"}},
+        BadTokenizer{"entry_half_special",
+                     WithVocab(R"({"<pad>": 0, "<bos": 1, "<eos>": 2})"),
+                     {"'model.vocab[\"<bos\"]'"}},
+        BadTokenizer{"duplicate_id",
+                     WithVocab(R"({"<pad>": 0, "<bos>": 1, "<eos>": 2, "a": 2})"),
+                     {"is 2, the id of"}},
+        BadTokenizer{"bos_missing",
+                     WithVocab(R"({"<pad>": 0, "<eos>": 1, "a": 2})"),
+                     {"'model.vocab'", "no \"<bos>\" entry"}}),
     [](const ::testing::TestParamInfo<BadTokenizer>& info) { return info.param.label; });
 
 }  // namespace

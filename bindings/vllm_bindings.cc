@@ -1,0 +1,430 @@
+// The KV cache behind beaconkv.vllm: a BlockManager over a host KV store, sized in blocks, with
+// the two operations a vLLM step needs in C++: room for a request's new tokens (all or
+// nothing, so a refusal is an ordinary scheduling answer) and one layer's attention for a
+// batch of requests (write the new tokens' K/V into their per-head slots, then attend over
+// what each head retains: paged decode attention for one-token rows, causal attention by
+// stored position for longer rows).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "bindings/status_cast.h"
+#include "block_manager/block_manager.h"
+#include "core/policy.h"
+#include "core/rope.h"
+#include "kernels/paged_attention_cpu.h"
+
+namespace py = pybind11;
+
+namespace beaconkv {
+
+PolicyConfig PolicyConfigFromPython(py::handle obj);  // policy_bindings.cc
+
+namespace {
+
+using py_util::Check;
+using py_util::Unwrap;
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+class VllmKvCache {
+ public:
+  VllmKvCache(int32_t num_layers, int32_t num_kv_heads, int32_t num_heads, int32_t head_dim,
+              int32_t block_size, int32_t num_blocks, py::object policy, double rope_theta,
+              bool observe)
+      : num_heads_(num_heads), observe_(observe) {
+    if (num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
+      throw py::value_error(
+          absl::StrFormat("num_heads (%d) must be a positive multiple of num_kv_heads (%d)",
+                          num_heads, num_kv_heads));
+    }
+    BlockManagerConfig config;
+    config.shape = {num_layers, num_kv_heads, head_dim, block_size};
+    config.num_blocks = num_blocks;
+    Check(BlockManager::ValidateConfig(config));
+    store_ = std::make_unique<CpuKvStore>(num_blocks, block_size, head_dim);
+    manager_ = Unwrap(BlockManager::Create(config, store_.get()));
+    policy_ = PolicyConfigFromPython(policy);
+    geometry_ = {num_layers, num_kv_heads, num_heads / num_kv_heads, {head_dim, rope_theta}};
+    Check(ValidatePolicyConfig(policy_));
+    rope_ = std::make_unique<Rope>(Unwrap(Rope::Create(geometry_.rope)));
+  }
+
+  const KvShape& shape() const { return manager_->shape(); }
+  BlockManager& manager() { return *manager_; }
+
+  // Blocks that `n` more tokens of `id` would take (a new sequence if `id` is unknown).
+  int32_t BlocksNeeded(SequenceId id, int32_t n) const {
+    const KvShape& s = shape();
+    const int32_t bs = s.block_size;
+    if (!manager_->HasSequence(id)) return s.num_heads_total() * ((n + bs - 1) / bs);
+    int32_t need = 0;
+    for (int32_t l = 0; l < s.num_layers; ++l)
+      for (int32_t h = 0; h < s.num_kv_heads; ++h) {
+        const int32_t c = Unwrap(manager_->RetainedTokens(id, l, h));
+        need += (c + n + bs - 1) / bs - (c + bs - 1) / bs;
+      }
+    return need;
+  }
+
+  // Room for `n` new tokens of `id` in every head; false (and nothing changed) when the pool
+  // cannot hold them.
+  bool Allocate(SequenceId id, int32_t n, int32_t prompt_len) {
+    if (n < 0) throw py::value_error(absl::StrFormat("negative token count %d", n));
+    if (n == 0) return true;
+    if (BlocksNeeded(id, n) > manager_->NumFreeBlocks()) return false;
+    if (!manager_->HasSequence(id)) {
+      policies_[id] = Unwrap(NewPolicyState(policy_, geometry_, prompt_len));
+      Check(manager_->AddSequence(id, n));
+      return true;
+    }
+    for (int32_t i = 0; i < n; ++i) Check(manager_->AppendToken(id));
+    return true;
+  }
+
+  void Free(SequenceId id) {
+    policies_.erase(id);
+    if (manager_->HasSequence(id)) Check(manager_->FreeSequence(id));
+  }
+
+  // Runs the sequence's policy on every layer's heads at their trigger (as the reference
+  // engine does after a decode step) and frees emptied blocks at once.
+  // Returns {tokens_evicted, blocks_freed, compressions, keep: [(layer, kv_head, slots)]}.
+  py::dict Compress(SequenceId id, int32_t current_position) {
+    auto it = policies_.find(id);
+    if (it == policies_.end()) throw py::value_error(absl::StrFormat("unknown sequence %d", id));
+    PolicyState& pol = *it->second;
+    const KvShape& s = shape();
+    int64_t evicted = 0, freed = 0, compressions = 0;
+    std::vector<HeadKeepSet> applied;  // every keep-set, in the order applied
+    {
+      py::gil_scoped_release release;
+      std::vector<int32_t> tokens(s.num_kv_heads);
+      std::vector<std::vector<float>> keys(s.num_kv_heads);
+      std::vector<std::vector<int32_t>> positions(s.num_kv_heads);
+      std::vector<HeadKeys> heads(s.num_kv_heads);
+      for (int32_t l = 0; l < s.num_layers; ++l) {
+        for (int32_t h = 0; h < s.num_kv_heads; ++h)
+          tokens[h] = *manager_->RetainedTokens(id, l, h);
+        const std::vector<int32_t> due = pol.DueHeads(l, tokens);
+        if (due.empty()) continue;
+        for (int32_t h = 0; h < s.num_kv_heads; ++h)
+          heads[h] = GatherKeys(id, l, h, &keys[h], &positions[h]);
+        absl::StatusOr<std::vector<HeadKeepSet>> sets =
+            pol.Compress(l, heads, due, current_position);
+        if (!sets.ok()) {
+          py::gil_scoped_acquire acquire;
+          Check(sets.status());
+        }
+        std::vector<KeepSet> keep;
+        for (HeadKeepSet& k : *sets) {
+          applied.push_back({k.layer, k.kv_head, k.slots});
+          keep.push_back({k.layer, k.kv_head, std::move(k.slots)});
+        }
+        absl::StatusOr<CompactionPlan> plan = manager_->ApplyKeepSets(id, keep);
+        if (!plan.ok()) {
+          py::gil_scoped_acquire acquire;
+          Check(plan.status());
+        }
+        evicted += plan->tokens_evicted;
+        freed += plan->blocks_freed;
+        ++compressions;
+      }
+    }
+    py::dict out;
+    out["tokens_evicted"] = evicted;
+    out["blocks_freed"] = freed;
+    out["compressions"] = compressions;
+    py::list keep;
+    for (const HeadKeepSet& k : applied) keep.append(py::make_tuple(k.layer, k.kv_head, k.slots));
+    out["keep"] = keep;  // [(layer, kv_head, kept slots)], for a replica pool
+    return out;
+  }
+
+  // One layer for a batch. Row r is sequence seq_ids[r] with query_lens[r] new tokens, whose
+  // slots (the last query_lens[r] of every head) were allocated by Allocate.
+  void Attention(int32_t layer, const IntArray& seq_ids, const IntArray& query_lens,
+                 const FloatArray& q,  // [tokens, num_heads, head_dim]
+                 const FloatArray& k,  // [tokens, num_kv_heads, head_dim]
+                 const FloatArray& v,  // [tokens, num_kv_heads, head_dim]
+                 py::array_t<float, py::array::c_style> out, float scale) {
+    const KvShape& s = shape();
+    const int32_t d = s.head_dim, hkv = s.num_kv_heads, group = num_heads_ / hkv;
+    const int64_t rows = seq_ids.size();
+    if (query_lens.size() != rows) throw py::value_error("seq_ids and query_lens differ in size");
+    int64_t tokens = 0;
+    for (int64_t r = 0; r < rows; ++r) tokens += query_lens.at(r);
+    auto check = [&](const py::array& a, const char* name, int64_t heads) {
+      if (a.ndim() != 3 || a.shape(0) < tokens || a.shape(1) != heads || a.shape(2) != d) {
+        throw py::value_error(absl::StrFormat("%s must be [>=%d, %d, %d]", name, tokens, heads, d));
+      }
+    };
+    check(q, "query", num_heads_);
+    check(k, "key", hkv);
+    check(v, "value", hkv);
+    check(out, "output", num_heads_);
+    if (layer < 0 || layer >= s.num_layers) throw py::value_error("layer out of range");
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!manager_->HasSequence(seq_ids.at(r)) || !policies_.contains(seq_ids.at(r))) {
+        throw py::value_error(
+            absl::StrFormat("row %d: sequence %d has no slots in the pool", r, seq_ids.at(r)));
+      }
+    }
+    const float* qp = q.data();
+    const float* kp = k.data();
+    const float* vp = v.data();
+    float* op = out.mutable_data();
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      // Decode rows go through the paged kernel together; longer rows one by one.
+      std::vector<int64_t> decode_rows, decode_tokens;
+      int32_t max_blocks = 1;
+      int64_t t0 = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const SequenceId id = seq_ids.at(r);
+        const int32_t n = query_lens.at(r);
+        WriteNewTokens(id, layer, n, kp + t0 * hkv * d, vp + t0 * hkv * d);
+        if (n == 1) {
+          decode_rows.push_back(r);
+          decode_tokens.push_back(t0);
+          for (int32_t h = 0; h < hkv; ++h) {
+            max_blocks =
+                std::max<int32_t>(max_blocks, Unwrap(manager_->BlockTable(id, layer, h)).size());
+          }
+        } else if (n > 1) {
+          CausalRow(id, layer, n, qp + t0 * num_heads_ * d, scale, op + t0 * num_heads_ * d, group);
+        }
+        t0 += n;
+      }
+      if (!decode_rows.empty()) {
+        const int64_t nd = decode_rows.size();
+        std::vector<int32_t> tables(nd * hkv * max_blocks, 0), lengths(nd * hkv);
+        std::vector<float> dq(nd * num_heads_ * d), dout(nd * num_heads_ * d);
+        for (int64_t i = 0; i < nd; ++i) {
+          const SequenceId id = seq_ids.at(decode_rows[i]);
+          std::copy_n(qp + decode_tokens[i] * num_heads_ * d, num_heads_ * d,
+                      dq.data() + i * num_heads_ * d);
+          for (int32_t h = 0; h < hkv; ++h) {
+            absl::Span<const BlockId> t = Unwrap(manager_->BlockTable(id, layer, h));
+            std::copy(t.begin(), t.end(), tables.data() + (i * hkv + h) * max_blocks);
+            lengths[i * hkv + h] = Unwrap(manager_->RetainedTokens(id, layer, h));
+          }
+        }
+        kernels::PagedAttentionShape shape{
+            static_cast<int32_t>(nd), num_heads_, hkv, d, s.block_size, max_blocks};
+        kernels::PagedDecodeAttentionCpu(dq.data(), store_->keys_data(), store_->values_data(),
+                                         tables.data(), lengths.data(), shape, scale, dout.data(),
+                                         1);
+        for (int64_t i = 0; i < nd; ++i) {
+          std::copy_n(dout.data() + i * num_heads_ * d, num_heads_ * d,
+                      op + decode_tokens[i] * num_heads_ * d);
+        }
+      }
+      if (observe_) status = ObserveStep(layer, seq_ids, query_lens, qp);
+    }
+    Check(status);
+  }
+
+  // Keys [n, head_dim] and positions [n] of one head, slot order (the policy's input).
+  py::tuple ReadHead(SequenceId id, int32_t layer, int32_t kv_head) const {
+    const int32_t n = Unwrap(manager_->RetainedTokens(id, layer, kv_head));
+    const int32_t d = shape().head_dim;
+    FloatArray keys({n, d});
+    py::array_t<int32_t> pos(n);
+    for (int32_t t = 0; t < n; ++t) {
+      const SlotRef slot = Unwrap(manager_->Slot(id, layer, kv_head, t));
+      std::copy_n(store_->key(slot), d, keys.mutable_data(t, 0));
+      pos.mutable_at(t) = store_->position(slot);
+    }
+    return py::make_tuple(keys, pos);
+  }
+
+  py::array_t<int32_t> HeadTokens(SequenceId id) const {
+    const KvShape& s = shape();
+    py::array_t<int32_t> out({s.num_layers, s.num_kv_heads});
+    for (int32_t l = 0; l < s.num_layers; ++l)
+      for (int32_t h = 0; h < s.num_kv_heads; ++h)
+        out.mutable_at(l, h) = Unwrap(manager_->RetainedTokens(id, l, h));
+    return out;
+  }
+
+  py::dict ApplyKeepSets(SequenceId id,
+                         const std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>>& keep) {
+    std::vector<KeepSet> sets;
+    for (const auto& [head, slots] : keep) sets.push_back({head.first, head.second, slots});
+    CompactionPlan plan;
+    {
+      py::gil_scoped_release release;
+      plan = Unwrap(manager_->ApplyKeepSets(id, sets));
+    }
+    py::dict out;
+    out["tokens_evicted"] = plan.tokens_evicted;
+    out["blocks_freed"] = plan.blocks_freed;
+    return out;
+  }
+
+ private:
+  // The policy of every row observes the step's queries of every (layer, kv_head): post-RoPE
+  // as computed, pre-RoPE recovered by rotating back by the token's position.
+  absl::Status ObserveStep(int32_t layer, const IntArray& seq_ids, const IntArray& query_lens,
+                           const float* q) {
+    const int32_t d = shape().head_dim, hkv = shape().num_kv_heads, group = num_heads_ / hkv;
+    std::vector<float> pre(group * d), keys;
+    std::vector<int32_t> positions;
+    int64_t t0 = 0;
+    for (int64_t r = 0; r < seq_ids.size(); ++r) {
+      const SequenceId id = seq_ids.at(r);
+      const int32_t n = query_lens.at(r);
+      PolicyState& pol = *policies_.at(id);
+      for (int32_t h = 0; h < hkv; ++h) {
+        const int32_t c = *manager_->RetainedTokens(id, layer, h);
+        for (int32_t i = 0; i < n; ++i) {
+          const int32_t pos = store_->position(*manager_->Slot(id, layer, h, c - n + i));
+          const float* post = q + ((t0 + i) * num_heads_ + h * group) * d;
+          rope_->RotateMany(post, group, -static_cast<int64_t>(pos), pre.data());
+          HeadKeys hk;
+          if (pol.NeedsKeysOnObserve()) hk = GatherKeys(id, layer, h, &keys, &positions);
+          absl::Status st = pol.Observe(layer, h, StepQueries{pos, pre.data(), post},
+                                        pol.NeedsKeysOnObserve() ? &hk : nullptr);
+          if (!st.ok()) return st;
+        }
+      }
+      t0 += n;
+    }
+    return absl::OkStatus();
+  }
+
+  HeadKeys GatherKeys(SequenceId id, int32_t layer, int32_t h, std::vector<float>* keys,
+                      std::vector<int32_t>* positions) const {
+    const int32_t n = *manager_->RetainedTokens(id, layer, h);
+    const int32_t d = shape().head_dim, bs = shape().block_size;
+    keys->resize(static_cast<size_t>(n) * d);
+    positions->resize(n);
+    const absl::Span<const BlockId> table = *manager_->BlockTable(id, layer, h);
+    for (int32_t j = 0; j < n; ++j) {
+      const SlotRef slot{table[j / bs], j % bs};
+      std::copy_n(store_->key(slot), d, keys->data() + static_cast<size_t>(j) * d);
+      (*positions)[j] = store_->position(slot);
+    }
+    return HeadKeys{keys->data(), positions->data(), n};
+  }
+
+  void WriteNewTokens(SequenceId id, int32_t layer, int32_t n, const float* k, const float* v) {
+    const int32_t d = shape().head_dim, hkv = shape().num_kv_heads;
+    for (int32_t h = 0; h < hkv; ++h) {
+      const int32_t c = Unwrap(manager_->RetainedTokens(id, layer, h));
+      for (int32_t i = 0; i < n; ++i) {
+        const SlotRef slot = Unwrap(manager_->Slot(id, layer, h, c - n + i));
+        std::copy_n(k + (static_cast<int64_t>(i) * hkv + h) * d, d, store_->key(slot));
+        std::copy_n(v + (static_cast<int64_t>(i) * hkv + h) * d, d, store_->value(slot));
+      }
+    }
+  }
+
+  // Attention of n new query tokens over every retained slot whose position is not after
+  // the query's (the new tokens are the head's last n slots).
+  void CausalRow(SequenceId id, int32_t layer, int32_t n, const float* q, float scale, float* out,
+                 int32_t group) {
+    const int32_t d = shape().head_dim, hkv = shape().num_kv_heads;
+    std::vector<float> scores;
+    std::vector<const float*> keys, values;
+    std::vector<int32_t> positions;
+    for (int32_t h = 0; h < hkv; ++h) {
+      const int32_t c = Unwrap(manager_->RetainedTokens(id, layer, h));
+      keys.resize(c), values.resize(c), positions.resize(c), scores.resize(c);
+      for (int32_t j = 0; j < c; ++j) {
+        const SlotRef slot = Unwrap(manager_->Slot(id, layer, h, j));
+        keys[j] = store_->key(slot);
+        values[j] = store_->value(slot);
+        positions[j] = store_->position(slot);
+      }
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t qpos = positions[c - n + i];
+        for (int32_t g = 0; g < group; ++g) {
+          const int32_t qh = h * group + g;
+          const float* qv = q + (static_cast<int64_t>(i) * num_heads_ + qh) * d;
+          float* o = out + (static_cast<int64_t>(i) * num_heads_ + qh) * d;
+          float mx = -INFINITY;
+          for (int32_t j = 0; j < c; ++j) {
+            if (positions[j] > qpos) {
+              scores[j] = -INFINITY;
+              continue;
+            }
+            float dot = 0.f;
+            for (int32_t x = 0; x < d; ++x) dot += qv[x] * keys[j][x];
+            scores[j] = dot * scale;
+            mx = std::max(mx, scores[j]);
+          }
+          float sum = 0.f;
+          for (int32_t j = 0; j < c; ++j) {
+            scores[j] = positions[j] > qpos ? 0.f : std::exp(scores[j] - mx);
+            sum += scores[j];
+          }
+          std::fill_n(o, d, 0.f);
+          for (int32_t j = 0; j < c; ++j) {
+            if (scores[j] == 0.f) continue;
+            const float w = scores[j] / sum;
+            for (int32_t x = 0; x < d; ++x) o[x] += w * values[j][x];
+          }
+        }
+      }
+    }
+  }
+
+  int32_t num_heads_;
+  bool observe_;  // the policy looks at queries (every policy but full)
+  PolicyConfig policy_;
+  PolicyGeometry geometry_;
+  std::unique_ptr<Rope> rope_;
+  absl::flat_hash_map<SequenceId, std::unique_ptr<PolicyState>> policies_;  // [live sequences]
+  std::unique_ptr<CpuKvStore> store_;
+  std::unique_ptr<BlockManager> manager_;
+};
+
+}  // namespace
+
+void BindVllm(py::module_& m) {
+  using C = VllmKvCache;
+  py::class_<C>(m, "VllmKvCache",
+                "Head-granular KV cache for beaconkv.vllm: per-step room and batched attention.")
+      .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object, double,
+                    bool>(),
+           py::arg("num_layers"), py::arg("num_kv_heads"), py::arg("num_heads"),
+           py::arg("head_dim"), py::arg("block_size"), py::arg("num_blocks"),
+           py::arg("policy") = "full", py::arg("rope_theta") = 1e6, py::arg("observe") = false)
+      .def_property_readonly("block_size", [](const C& c) { return c.shape().block_size; })
+      .def("blocks_needed", &C::BlocksNeeded, py::arg("seq_id"), py::arg("num_tokens"))
+      .def("allocate", &C::Allocate, py::arg("seq_id"), py::arg("num_tokens"),
+           py::arg("prompt_len") = 0,
+           "Room for num_tokens more tokens in every head; False (nothing changed) if full.")
+      .def("free", &C::Free, py::arg("seq_id"), "Frees a sequence (unknown ids are ignored).")
+      .def("has", [](C& c, SequenceId id) { return c.manager().HasSequence(id); })
+      .def("attention", &C::Attention, py::arg("layer"), py::arg("seq_ids"), py::arg("query_lens"),
+           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("output").noconvert(),
+           py::arg("scale"),
+           "One layer: writes K/V [tokens, kv_heads, d] into the new slots, output [tokens, heads, "
+           "d].")
+      .def("read_head", &C::ReadHead, py::arg("seq_id"), py::arg("layer"), py::arg("kv_head"))
+      .def("head_tokens", &C::HeadTokens, py::arg("seq_id"), "[num_layers, num_kv_heads]")
+      .def("apply_keep_sets", &C::ApplyKeepSets, py::arg("seq_id"), py::arg("keep"))
+      .def("compress", &C::Compress, py::arg("seq_id"), py::arg("current_position"),
+           "The policy on the heads at their trigger; emptied blocks are freed at once.")
+      .def_property_readonly("num_free_blocks", [](C& c) { return c.manager().NumFreeBlocks(); })
+      .def_property_readonly("num_used_blocks", [](C& c) { return c.manager().NumUsedBlocks(); })
+      .def_property_readonly("num_usable_blocks",
+                             [](C& c) { return c.manager().NumUsableBlocks(); })
+      .def_property_readonly("sequence_ids", [](C& c) { return c.manager().SequenceIds(); })
+      .def("verify_integrity", [](C& c) { Check(c.manager().VerifyIntegrity()); });
+}
+
+}  // namespace beaconkv

@@ -1,0 +1,116 @@
+"""``python -m beaconkv.vllm.bench``: vLLM's own throughput harness with BeaconKV as the cache.
+
+Takes every flag of ``vllm bench throughput`` (``vllm.benchmarks.throughput``) plus
+``--policy`` (``stock`` = vLLM's own cache, or a BeaconKV policy: ``full``, ``beacon``, ...),
+``--budget``, ``--knob NAME=VALUE`` (repeatable) and ``--block-tokens`` (tokens per block of
+our pool). ``--dataset-name reasoning`` draws prompts from the model directory's dev problems
+(``data/dev.jsonl``; output length = the reference output's length + eos). Prints vLLM's
+"Throughput:" line, then max/mean running batch, preemptions and peak KV blocks; with
+``--output-json`` those join vLLM's keys in the JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _reasoning_requests(args):
+    """SampleRequests from the dev problems of the model directory."""
+    from vllm.benchmarks.datasets import SampleRequest
+
+    from beaconkv.evaluate import load_problems
+    from beaconkv.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.load(args.model)
+    problems = load_problems(args.model, "dev")
+    out = []
+    for i in range(args.num_prompts):
+        p = problems[i % len(problems)]
+        ids = [tok.bos_id] + tok.encode(p["prompt"])
+        out.append(SampleRequest(prompt={"prompt_token_ids": ids}, prompt_len=len(ids),
+                                 expected_output_len=len(tok.encode(p["target"])) + 1))
+    return out
+
+
+def build_parser():
+    from vllm.benchmarks import throughput
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(description=__doc__.split("\n")[0])
+    throughput.add_cli_args(parser)
+    g = parser.add_argument_group("BeaconKV")
+    g.add_argument("--policy", default="beacon",
+                   help="stock (vLLM's own KV cache) or a BeaconKV policy name")
+    g.add_argument("--budget", type=int, default=None, help="tokens kept per head")
+    g.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                   help="policy knob (repeatable), e.g. --knob interval=16")
+    g.add_argument("--block-tokens", type=int, default=16,
+                   help="tokens per block of the BeaconKV pool")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    reasoning = False
+    for i, a in enumerate(argv):
+        if a == "--dataset-name" and i + 1 < len(argv) and argv[i + 1] == "reasoning":
+            argv[i + 1], reasoning = "random", True
+        elif a == "--dataset-name=reasoning":
+            argv[i], reasoning = "--dataset-name=random", True
+    args = build_parser().parse_args(argv)
+    # One process: the scheduler and the model share the pool (see docs/vllm.md).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if args.policy == "stock":
+        os.environ.pop("BEACONKV_VLLM_CONFIG", None)
+    else:
+        from beaconkv.evaluate import parse_knobs
+
+        from . import config
+
+        cfg = {"policy": args.policy, "budget": args.budget, "knobs": parse_knobs(args.knob),
+               "block_size": args.block_tokens}
+        config.parse(json.dumps(cfg))  # unknown policy / knob: error before vLLM starts
+        os.environ[config.ENV] = json.dumps(cfg)
+        from . import register
+
+        register()  # vLLM may have loaded its plugins already (while building the parser)
+    # Same scheduler class both ways, so stock runs report the same statistics.
+    args.scheduler_cls = "beaconkv.vllm.Scheduler"
+    if args.policy != "stock":
+        args.enable_prefix_caching = False
+
+    from vllm.benchmarks import throughput
+
+    if reasoning:
+        throughput.get_requests = lambda a, tokenizer: _reasoning_requests(a)
+    throughput.main(args)
+
+    from . import state
+
+    s = dict(state.stats())
+    steps = max(1, s.get("steps", 0))
+    extra = {"policy": args.policy, "budget": args.budget, "knobs": args.knob,
+             "max_running": s["max_running"], "mean_running": s["running_sum"] / steps,
+             "preemptions": s["preemptions"], "peak_kv_blocks": s["peak_kv_blocks"],
+             "pool_blocks": s["pool_blocks"],
+             "peak_kv_mib": s["peak_kv_blocks"] * s["block_bytes"] / 2**20,
+             "kv_block_tokens": args.block_tokens if args.policy != "stock" else None}
+    for k in ("tokens_evicted", "blocks_freed_by_eviction", "compressions"):
+        if k in s:
+            extra[k] = s[k]
+    print(f"Running batch: max {extra['max_running']}, mean {extra['mean_running']:.2f}; "
+          f"preemptions: {extra['preemptions']}; peak KV blocks: {extra['peak_kv_blocks']} "
+          f"of {extra['pool_blocks']} ({extra['peak_kv_mib']:.1f} MiB)")
+    if args.output_json:
+        with open(args.output_json) as f:
+            data = json.load(f)
+        data.update(extra)
+        with open(args.output_json, "w") as f:
+            json.dump(data, f, indent=4)
+    return extra
+
+
+if __name__ == "__main__":
+    main()

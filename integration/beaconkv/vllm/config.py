@@ -1,0 +1,118 @@
+"""The one BeaconKV-in-vLLM config: policy, budget and knobs, from ``BEACONKV_VLLM_CONFIG``.
+
+``BEACONKV_VLLM_CONFIG`` holds JSON such as
+``{"policy": "beacon", "budget": 158, "knobs": ["interval=16"], "block_size": 16}``
+(``knobs`` may also be a ``{"name": value}`` map). The policy object is built by
+``beaconkv.evaluate.make_policy``, so unknown policies and knobs fail exactly as they do in
+``beaconkv eval``, here at engine start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+ENV = "BEACONKV_VLLM_CONFIG"
+_KEYS = {"policy", "budget", "knobs", "block_size"}
+
+
+@dataclass
+class VllmConfig:
+    policy: str = "full"
+    budget: int | None = None
+    knobs: dict = field(default_factory=dict)
+    block_size: int = 16  # tokens per block of our pool (one (sequence, layer, kv_head))
+
+    def policy_config(self):
+        """The native policy config; ValueError naming the bad policy or knob."""
+        from beaconkv.evaluate import make_policy
+
+        return make_policy(self.policy, self.budget, **dict(self.knobs))
+
+    def to_json(self) -> str:
+        return json.dumps({"policy": self.policy, "budget": self.budget, "knobs": self.knobs,
+                           "block_size": self.block_size})
+
+
+def parse(text: str) -> VllmConfig:
+    """A config from JSON text; ValueError on anything it does not understand."""
+    from beaconkv.evaluate import parse_knobs
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{ENV} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{ENV} must be a JSON object, got {type(data).__name__}")
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)}; expected {sorted(_KEYS)}")
+    knobs = data.get("knobs") or {}
+    if isinstance(knobs, list):
+        knobs = parse_knobs(knobs)
+    elif not isinstance(knobs, dict):
+        raise ValueError(f"{ENV}: 'knobs' must be a list of NAME=VALUE or a map")
+    cfg = VllmConfig(policy=str(data.get("policy", "full")), budget=data.get("budget"),
+                     knobs=knobs, block_size=int(data.get("block_size", 16)))
+    cfg.policy_config()  # fail now, at engine start, on an unknown policy or knob
+    return cfg
+
+
+def from_env() -> VllmConfig | None:
+    """The config in the environment, or None when BeaconKV is not enabled."""
+    text = os.environ.get(ENV)
+    return None if text is None else parse(text)
+
+
+def enabled() -> bool:
+    return ENV in os.environ
+
+
+def check_geometry(hf_config, dtype) -> tuple[int, int, int, int]:
+    """(num_layers, num_kv_heads, num_heads, head_dim) of a model our pool supports; ValueError
+    with the reason otherwise (the model is never run on the stock cache instead)."""
+    import torch
+
+    archs = getattr(hf_config, "architectures", None) or []
+    reasons = []
+    if dtype != torch.float32:
+        reasons.append(f"dtype {dtype} (the CPU pool stores float32; pass --dtype float32)")
+    layers = getattr(hf_config, "num_hidden_layers", None)
+    heads = getattr(hf_config, "num_attention_heads", None)
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(hf_config, "head_dim", None) or (
+        hf_config.hidden_size // heads if heads else None)
+    if not layers or not heads or not head_dim:
+        reasons.append("the config does not name num_hidden_layers/num_attention_heads/head_dim")
+    elif heads % kv_heads:
+        reasons.append(f"{heads} query heads are not a multiple of {kv_heads} kv heads")
+    if getattr(hf_config, "sliding_window", None):
+        reasons.append("sliding-window attention")
+    if getattr(hf_config, "layer_types", None) and any(
+            t != "full_attention" for t in hf_config.layer_types):
+        reasons.append(f"layer types {sorted(set(hf_config.layer_types))}")
+    if archs and not any(a in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                               "MistralForCausalLM") for a in archs):
+        reasons.append(f"architecture {archs} (a Llama-style decoder is required)")
+    try:
+        rope_theta(hf_config)
+    except ValueError as e:
+        reasons.append(str(e))
+    if reasons:
+        raise ValueError("BeaconKV cannot serve this model: " + "; ".join(reasons))
+    return int(layers), int(kv_heads), int(heads), int(head_dim)
+
+
+def rope_theta(hf_config) -> float:
+    """RoPE base of a model with plain (unscaled) RoPE; ValueError otherwise (the policies
+    rotate beacons and recover pre-RoPE queries with plain RoPE)."""
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling",
+                                                                   None) or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", None):
+        raise ValueError(f"RoPE type {kind!r} (only plain RoPE)")
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise ValueError("the config has no rope_theta")
+    return float(theta)

@@ -1,0 +1,116 @@
+"""beaconkv.VllmKvCache (the pool behind beaconkv.vllm) without vLLM: room is all or nothing,
+attention over the per-head slots equals a plain NumPy reference for prefill and decode rows,
+and compression frees blocks while keeping the pool intact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+beaconkv = pytest.importorskip("beaconkv")
+if not hasattr(beaconkv, "VllmKvCache"):
+    pytest.skip("beaconkv extension without VllmKvCache", allow_module_level=True)
+
+L, HKV, H, D = 2, 2, 4, 8
+
+
+def reference(q, keys, values, qpos, kpos, scale):
+    """q [n, H, D]; keys/values [t, HKV, D]; causal by position."""
+    out = np.zeros_like(q)
+    g = H // HKV
+    for i in range(q.shape[0]):
+        for h in range(H):
+            mask = kpos <= qpos[i]
+            s = keys[mask, h // g] @ q[i, h] * scale
+            w = np.exp(s - s.max())
+            out[i, h] = (w / w.sum()) @ values[mask, h // g]
+    return out
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+def test_attention_matches_reference_for_prefill_then_decode(block_size):
+    rng = np.random.default_rng(block_size)
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, block_size, 400)
+    lens = [5, 17, 1]  # prompt lengths of three sequences
+    ids = [7, 3, 11]
+    keys = {s: np.zeros((0, L, HKV, D), np.float32) for s in ids}
+    vals = {s: np.zeros((0, L, HKV, D), np.float32) for s in ids}
+    steps = [lens] + [[1, 1, 1]] * 4 + [[3, 1, 2]]  # prefill, decodes, a chunk step
+    for step in steps:
+        for s, n in zip(ids, step):
+            assert cache.allocate(s, n, lens[ids.index(s)])
+        total = sum(step)
+        k_new = rng.standard_normal((total, L, HKV, D)).astype(np.float32)
+        v_new = rng.standard_normal((total, L, HKV, D)).astype(np.float32)
+        q = rng.standard_normal((total, L, H, D)).astype(np.float32)
+        t0 = 0
+        starts = {}
+        for s, n in zip(ids, step):
+            starts[s] = (t0, len(keys[s]))
+            keys[s] = np.concatenate([keys[s], k_new[t0:t0 + n]])
+            vals[s] = np.concatenate([vals[s], v_new[t0:t0 + n]])
+            t0 += n
+        for layer in range(L):
+            out = np.zeros((total, H, D), np.float32)
+            cache.attention(layer, np.array(ids, np.int32), np.array(step, np.int32),
+                            np.ascontiguousarray(q[:, layer]),
+                            np.ascontiguousarray(k_new[:, layer]),
+                            np.ascontiguousarray(v_new[:, layer]), out, 0.3)
+            for s, n in zip(ids, step):
+                t0, p0 = starts[s]
+                pos = np.arange(len(keys[s]))
+                want = reference(q[t0:t0 + n, layer], keys[s][:, layer], vals[s][:, layer],
+                                 pos[p0:p0 + n], pos, 0.3)
+                np.testing.assert_allclose(out[t0:t0 + n], want, rtol=1e-5, atol=1e-5)
+    cache.verify_integrity()
+    for s in ids:
+        cache.free(s)
+    assert cache.num_used_blocks == 0
+
+
+def test_allocation_is_all_or_nothing():
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, 4, 1 + 2 * L * HKV)  # block 0 is the null block
+    assert cache.blocks_needed(1, 8) == 2 * L * HKV
+    assert not cache.allocate(1, 9, 9)  # needs 3 blocks per head
+    assert not cache.has(1) and cache.num_used_blocks == 0
+    assert cache.allocate(1, 8, 8)
+    assert cache.num_free_blocks == 0
+    assert not cache.allocate(1, 1, 8)  # the next token needs a new block in every head
+    assert cache.head_tokens(1).tolist() == [[8, 8], [8, 8]]
+    cache.free(1)
+    cache.free(1)  # unknown ids are ignored
+    assert cache.num_free_blocks == 2 * L * HKV
+
+
+def test_beacon_compression_frees_blocks_and_keeps_the_pool_intact():
+    rng = np.random.default_rng(5)
+    budget, interval = 8, 4
+    cfg = beaconkv.policy_config("beacon", budget=budget, interval=interval, n_recent=2,
+                                 n_sinks=1, n_beacons=2, buffer_min=4, buffer_max=8,
+                                 protect_prompt=False)
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, 4, 200, policy=cfg, rope_theta=1e4, observe=True)
+    assert cache.allocate(1, 4, 4)
+    seq = np.array([1], np.int32)
+    for step in range(30):
+        n = 4 if step == 0 else 1
+        if step:
+            assert cache.allocate(1, 1, 4)
+        for layer in range(L):
+            out = np.zeros((n, H, D), np.float32)
+            cache.attention(layer, seq, np.array([n], np.int32),
+                            rng.standard_normal((n, H, D)).astype(np.float32),
+                            rng.standard_normal((n, HKV, D)).astype(np.float32),
+                            rng.standard_normal((n, HKV, D)).astype(np.float32), out, 0.35)
+        if step:
+            used = cache.num_used_blocks
+            res = cache.compress(1, 4 + step - 1)
+            if res["compressions"]:
+                assert res["tokens_evicted"] > 0
+                assert cache.num_used_blocks == used - res["blocks_freed"]
+        cache.verify_integrity()
+        assert cache.head_tokens(1).max() < budget + interval
+    assert cache.head_tokens(1).min() >= budget
+    with pytest.raises(ValueError, match="no slots"):
+        cache.attention(0, np.array([99], np.int32), np.array([1], np.int32),
+                        np.zeros((1, H, D), np.float32), np.zeros((1, HKV, D), np.float32),
+                        np.zeros((1, HKV, D), np.float32), np.zeros((1, H, D), np.float32), 1.0)
