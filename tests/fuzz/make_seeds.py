@@ -58,8 +58,9 @@ def tiny_model(dtype: str = "F32", tied: bool = True, layers: int = 1, seed: int
         data += raw
     text = json.dumps(header).encode()
     safetensors = struct.pack("<Q", len(text)) + text + data
-    tokenizer = {"format": "beaconkv-char-v1", "vocab": ["<pad>", "<bos>", "<eos>", "A", "b"],
-                 "pad_id": 0, "bos_id": 1, "eos_id": 2}
+    # The Hugging Face tokenizers layout the engine reads (a character-level WordLevel model).
+    tokenizer = {"model": {"type": "WordLevel", "unk_token": "<pad>",
+                           "vocab": {"<pad>": 0, "<bos>": 1, "<eos>": 2, "A": 3, "b": 4}}}
     return json.dumps(config).encode(), json.dumps(tokenizer).encode(), safetensors
 
 

@@ -94,6 +94,23 @@ def _tokenizer(**changes):
     return t
 
 
+def _tokenizer_model(**changes):
+    """tokenizer.json with fields of its "model" (the WordLevel vocabulary) changed."""
+    t = _tokenizer()
+    t["model"].update(changes)
+    return t
+
+
+def _tokenizer_vocab(add=None, drop=None):
+    """tokenizer.json with entries added to / dropped from model.vocab (token -> id)."""
+    t = _tokenizer()
+    vocab = t["model"]["vocab"]
+    if drop is not None:
+        del vocab[drop]
+    vocab.update(add or {})
+    return t
+
+
 _DELETE = object()
 
 
@@ -294,14 +311,15 @@ CASES: list[Case] = [
     Case("tokenizer_not_json", "ValueError", "tokenizer.json",
          lambda w: _engine(_model_dir(w, tokenizer="{{"))),
     Case("tokenizer_extra_token", "ValueError", "tokenizer.json has 74 tokens",
-         lambda w: _engine(_model_dir(w, tokenizer=_tokenizer(
-             vocab=_tokenizer()["vocab"] + ["~"])))),
+         lambda w: _engine(_model_dir(w, tokenizer=_tokenizer_vocab(add={"~": 73})))),
     Case("tokenizer_missing_token", "ValueError", "tokenizer.json has 72 tokens",
-         lambda w: _engine(_model_dir(w, tokenizer=_tokenizer(vocab=_tokenizer()["vocab"][:-1])))),
-    Case("tokenizer_eos_out_of_range", "ValueError", "eos_id",
-         lambda w: _engine(_model_dir(w, tokenizer=_tokenizer(eos_id=500)))),
-    Case("tokenizer_wrong_format", "ValueError", "format",
-         lambda w: _engine(_model_dir(w, tokenizer=_tokenizer(format="bpe")))),
+         lambda w: _engine(_model_dir(w, tokenizer=_tokenizer_vocab(drop="|")))),
+    Case("tokenizer_no_eos", "ValueError", "has no \"<eos>\" entry",
+         lambda w: _engine(_model_dir(w, tokenizer=_tokenizer_vocab(drop="<eos>", add={"~": 2})))),
+    Case("tokenizer_id_out_of_range", "ValueError", "ids must be dense",
+         lambda w: _engine(_model_dir(w, tokenizer=_tokenizer_vocab(add={"~": 500})))),
+    Case("tokenizer_wrong_format", "ValueError", "model.type",
+         lambda w: _engine(_model_dir(w, tokenizer=_tokenizer_model(type="BPE")))),
     # ---- split files (beaconkv eval --split FILE)
     Case("split_line_not_json", "CliExit", "bad.jsonl line 1: not valid JSON",
          _split("{\"prompt\": ")),

@@ -184,7 +184,7 @@ def test_tokenizer_that_disagrees_with_the_model_is_refused(tmp_path):
 
     d = _model_copy(tmp_path)
     tok = json.loads((d / "tokenizer.json").read_text())
-    tok["vocab"].append("~")
+    tok["model"]["vocab"]["~"] = len(tok["model"]["vocab"])
     (d / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ValueError, match="tokenizer.json has 74 tokens but config.json"):
         beaconkv.Engine(str(d))
