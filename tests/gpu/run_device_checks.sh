@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Device checks, prepared for a lent GPU machine (docs/gpu.md): build with CUDA, run the GPU
+# tests (and a short compute-sanitizer pass), then the device benchmark. One call does all of
+# it in well under 8 minutes on an H200. Writes into $OUT (default build/device_out):
+#   gpu_summary.txt  what ran and what it printed, in short
+#   gpu_tests.log    the GoogleTest and compute-sanitizer output
+#   gpu_results.json the benchmark figures (kernels/gpu_bench.cu)
+#   build.log        configure and build output
+# Without a GPU (no nvidia-smi, or it lists no device) it builds and stops with a message.
+# Environment: OUT, BUILD_DIR (default build/device), CUDA_ARCHS (default 90), JOBS.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$ROOT/build/device_out}
+BUILD=${BUILD_DIR:-$ROOT/build/device}
+ARCHS=${CUDA_ARCHS:-90}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT" "$BUILD"
+SUMMARY=$OUT/gpu_summary.txt
+TESTLOG=$OUT/gpu_tests.log
+BUILDLOG=$OUT/build.log
+: >"$SUMMARY"
+: >"$TESTLOG"
+: >"$BUILDLOG"
+log() { echo "$*" | tee -a "$SUMMARY"; }
+status=0
+
+log "== BeaconKV device checks, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+have_gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  have_gpu=1
+  nvidia-smi -L | tee -a "$SUMMARY"
+else
+  log "nvidia-smi is missing or lists no GPU: building only; the GPU tests and the benchmark are skipped."
+fi
+command -v nvcc >/dev/null 2>&1 || { log "nvcc not found: cannot build the CUDA kernels."; exit 1; }
+
+# 1. Build. The full CMake build needs absl, GoogleTest and a CBLAS (the CPU twins use core/);
+#    without them only the benchmark is built, straight from the .cu files with nvcc.
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+tests=()
+bench=""
+if cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DBEACONKV_CUDA=ON \
+     -DBEACONKV_TESTS=ON -DBEACONKV_BENCH=ON -DBEACONKV_WERROR=ON \
+     -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" >>"$BUILDLOG" 2>&1; then
+  targets=(beaconkv_gpu_bench)
+  for src in "$ROOT"/tests/gpu/*_test.cc; do
+    name=gpu_$(basename "$src" .cc)
+    targets+=("$name")
+    tests+=("$BUILD/kernels/$name")
+  done
+  if cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >>"$BUILDLOG" 2>&1; then
+    log "build: CMake, CUDA architectures $ARCHS: ${targets[*]}"
+    bench=$BUILD/kernels/beaconkv_gpu_bench
+  else
+    log "build FAILED (see build.log):"
+    tail -n 30 "$BUILDLOG" | tee -a "$SUMMARY"
+    exit 1
+  fi
+else
+  log "CMake configure failed (absl, GoogleTest or CBLAS missing?): GPU tests NOT built; see build.log."
+  tail -n 5 "$BUILDLOG" | tee -a "$SUMMARY"
+  arch_flags=()
+  for a in ${ARCHS//;/ }; do arch_flags+=(-gencode "arch=compute_$a,code=sm_$a"); done
+  if (cd "$ROOT" && nvcc -std=c++17 -O3 "${arch_flags[@]}" -I. -o "$BUILD/beaconkv_gpu_bench" \
+        kernels/gpu_bench.cu kernels/cache_ops.cu kernels/paged_attention.cu \
+        kernels/paged_scores.cu kernels/rope_rotate.cu kernels/segmented_topk.cu) >>"$BUILDLOG" 2>&1; then
+    log "build: benchmark only, with nvcc directly"
+    bench=$BUILD/beaconkv_gpu_bench
+  else
+    log "benchmark build FAILED (see build.log)"
+    exit 1
+  fi
+fi
+
+if [ "$have_gpu" = 0 ]; then
+  log "no GPU: stopping after the build."
+  exit 0
+fi
+
+# 2. GPU tests, then a short compute-sanitizer pass (memcheck on every binary, racecheck on
+#    the kernels that share memory between threads) over a few parameter sets.
+if [ "${#tests[@]}" -gt 0 ]; then
+  passed=0
+  failed=0
+  for t in "${tests[@]}"; do
+    if timeout 240 "$t" --gtest_brief=1 >>"$TESTLOG" 2>&1; then
+      passed=$((passed + 1))
+      log "test PASS $(basename "$t")"
+    else
+      failed=$((failed + 1))
+      status=1
+      log "test FAIL $(basename "$t") (see gpu_tests.log)"
+    fi
+  done
+  log "tests: $passed binaries passed, $failed failed"
+  grep -E "^\[  FAILED  \]" "$TESTLOG" | head -n 20 | tee -a "$SUMMARY"
+  if command -v compute-sanitizer >/dev/null 2>&1; then
+    san() {  # tool binary filter
+      if timeout 120 compute-sanitizer --tool "$1" --error-exitcode 9 "$BUILD/kernels/$2" \
+           --gtest_brief=1 --gtest_filter="$3" >>"$TESTLOG" 2>&1; then
+        log "sanitizer $1 clean: $2 ($3)"
+      else
+        status=1
+        log "sanitizer $1 REPORTED ERRORS or timed out: $2 ($3) (see gpu_tests.log)"
+      fi
+    }
+    san memcheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/4*:SegmentedTopKGpuLong*'
+    san memcheck gpu_paged_scores_test 'Shapes/PagedScoresGpuTest.*/1[0-9]'
+    san memcheck gpu_rope_append_test '*'
+    san racecheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/4[0-9]'
+    san racecheck gpu_paged_scores_test 'Shapes/PagedScoresGpuTest.*/1'
+  else
+    log "compute-sanitizer not found: sanitizer pass skipped"
+  fi
+else
+  log "tests: not built (see above)"
+fi
+
+# 3. Benchmark.
+if timeout 300 "$bench" --json "$OUT/gpu_results.json" 2>&1 | tee -a "$SUMMARY"; then
+  log "benchmark: done, figures in gpu_results.json"
+else
+  status=1
+  log "benchmark FAILED"
+fi
+log "== exit status $status"
+exit $status
