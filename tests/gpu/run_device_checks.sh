@@ -7,8 +7,26 @@
 #   gpu_results.json the benchmark figures (kernels/gpu_bench.cu)
 #   build.log        configure and build output
 # Without a GPU (no nvidia-smi, or it lists no device) it builds and stops with a message.
-# Environment: OUT, BUILD_DIR (default build/device), CUDA_ARCHS (default 90), JOBS.
+# Environment: OUT, BUILD_DIR (default build/device), CUDA_ARCHS (default 90), JOBS,
+# PREBUILT (default .gpu_prebuilt): GPU test binaries packed by `--pack DIR` on a machine with
+# the C++ dependencies, run when they cannot be built here (see docs/gpu.md).
 set -uo pipefail
+
+# --pack DIR: copy the built GPU test binaries and the shared libraries they need (beyond
+# the C and C++ runtimes) into DIR, to be carried to a machine without absl/GTest/CBLAS.
+if [ "${1:-}" = "--pack" ]; then
+  dir=${2:?usage: run_device_checks.sh --pack DIR}
+  build=${BUILD_DIR:-build/gpu}
+  mkdir -p "$dir/lib"
+  for t in "$build"/kernels/gpu_*_test; do
+    cp "$t" "$dir/"
+    ldd "$t" | awk '/=> \// {print $3}' |
+      grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
+      xargs -r -I{} cp -L {} "$dir/lib/"
+  done
+  du -sh "$dir"
+  exit 0
+fi
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/build/device_out}
@@ -38,7 +56,9 @@ command -v nvcc >/dev/null 2>&1 || { log "nvcc not found: cannot build the CUDA 
 # 1. Build. The full CMake build needs absl, GoogleTest and a CBLAS (the CPU twins use core/);
 #    without them only the benchmark is built, straight from the .cu files with nvcc.
 generator=()
-command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+if [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
+  generator=(-G Ninja)
+fi
 tests=()
 bench=""
 if cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DBEACONKV_CUDA=ON \
@@ -72,6 +92,12 @@ else
     log "benchmark build FAILED (see build.log)"
     exit 1
   fi
+  prebuilt=${PREBUILT:-$ROOT/.gpu_prebuilt}
+  if ls "$prebuilt"/gpu_*_test >/dev/null 2>&1; then
+    export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    tests=("$prebuilt"/gpu_*_test)
+    log "tests: running the prebuilt binaries in $prebuilt"
+  fi
 fi
 
 if [ "$have_gpu" = 0 ]; then
@@ -97,8 +123,9 @@ if [ "${#tests[@]}" -gt 0 ]; then
   log "tests: $passed binaries passed, $failed failed"
   grep -E "^\[  FAILED  \]" "$TESTLOG" | head -n 20 | tee -a "$SUMMARY"
   if command -v compute-sanitizer >/dev/null 2>&1; then
+    test_dir=$(dirname "${tests[0]}")
     san() {  # tool binary filter
-      if timeout 120 compute-sanitizer --tool "$1" --error-exitcode 9 "$BUILD/kernels/$2" \
+      if timeout 120 compute-sanitizer --tool "$1" --error-exitcode 9 "$test_dir/$2" \
            --gtest_brief=1 --gtest_filter="$3" >>"$TESTLOG" 2>&1; then
         log "sanitizer $1 clean: $2 ($3)"
       else
