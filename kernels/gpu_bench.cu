@@ -4,6 +4,8 @@
 // every figure is a ratio against a baseline measured in the same run, and the two top-k
 // paths are checked to agree on the benchmark data. Needs no CPU twin (builds with nvcc
 // alone): gpu_bench --json PATH
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +17,7 @@
 
 #include "kernels/cache_ops.h"
 #include "kernels/paged_attention.h"
+#include "kernels/paged_attention_gqa.h"
 #include "kernels/paged_scores.h"
 #include "kernels/rope_rotate.h"
 #include "kernels/segmented_topk.h"
@@ -269,9 +272,12 @@ double AttentionMs(const PagedCache& c, float* q, float* out) {
   });
 }
 
+double GqaMs(const PagedCache& c, const void* k, const void* v, KvDtype dtype, float* q, float* out,
+             int32_t num_sms);
+
 // 2. One compression event for 64 sequences (every head of one layer; x36 for the model)
 // against one decode step's attention over the same layer.
-void BenchCompression(Results& res) {
+void BenchCompression(Results& res, int32_t num_sms) {
   constexpr int32_t kRows = 64;
   const int32_t heads = kRows * kKvHeads;
   const int32_t group = kQHeads / kKvHeads;
@@ -283,6 +289,7 @@ void BenchCompression(Results& res) {
   float* out = Alloc<float>(int64_t{kRows} * kQHeads * kHeadDim);
   Fill(q, int64_t{kRows} * kQHeads * kHeadDim, 4, 1.0f);
   const double attention_ms = AttentionMs(c, q, out);
+  const double gqa_attention_ms = GqaMs(c, c.k, c.v, KvDtype::kFloat32, q, out, num_sms);
 
   // Scoring inputs: beacons (pre-RoPE) rotated to one position per sequence, then scored
   // with the recent queries.
@@ -382,6 +389,10 @@ void BenchCompression(Results& res) {
   res.Add("decode_attention_ms_model", attention_ms * kLayers);
   res.Add("compression_share_of_step", share);
   res.Add("compression_share_amortised", share / kInterval);
+  res.Add("decode_attention_gqa_fp32_ms_per_layer", gqa_attention_ms);
+  res.Add("compression_share_amortised_vs_gqa_fp32", event_ms / gqa_attention_ms / kInterval);
+  std::printf("  against the GQA fp32 attention kernel (%.3f ms): %.2f%% amortised\n",
+              gqa_attention_ms, 100 * event_ms / gqa_attention_ms / kInterval);
   for (void* p : {(void*)q, (void*)out, (void*)d_table_of_head, (void*)d_query_offsets,
                   (void*)d_score_offsets, (void*)queries, (void*)d_beacon_row, (void*)angle_table,
                   (void*)beacons, (void*)scores, (void*)positions, (void*)protect, (void*)keep,
@@ -391,32 +402,98 @@ void BenchCompression(Results& res) {
   FreeCache(c);
 }
 
-// 3. Paged decode attention bandwidth at several batch sizes, scrambled vs contiguous blocks.
-void BenchAttentionBandwidth(Results& res) {
+__global__ void ToBf16(const float* x, __nv_bfloat16* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = __float2bfloat16_rn(x[i]);
+  }
+}
+
+// The GQA kernel on cache `c` (fp32) or its bf16 copy, with its own split choice.
+double GqaMs(const PagedCache& c, const void* k, const void* v, KvDtype dtype, float* q, float* out,
+             int32_t num_sms) {
+  PagedAttentionShape s;
+  s.rows = c.rows;
+  s.num_heads = kQHeads;
+  s.num_kv_heads = kKvHeads;
+  s.head_dim = kHeadDim;
+  s.block_size = kBlockSize;
+  s.max_blocks = c.max_blocks;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  const int32_t splits = ChooseNumSplits(s, num_sms);
+  size_t bytes = 0;
+  BENCH_CHECK(PagedDecodeAttentionGqa(nullptr, &bytes, q, k, v, dtype, c.tables, c.lengths, s,
+                                      scale, splits, out, nullptr));
+  void* work = Alloc<char>(bytes);
+  const double ms = TimeMs(5, [&] {
+    BENCH_CHECK(PagedDecodeAttentionGqa(work, &bytes, q, k, v, dtype, c.tables, c.lengths, s, scale,
+                                        splits, out, nullptr));
+  });
+  BENCH_CHECK(cudaFree(work));
+  return ms;
+}
+
+// 3. Paged decode attention bandwidth at several batch sizes: the first kernel (fp32, one
+// block per query head), the GQA kernel on fp32 and on bf16 storage, and the GQA bf16 kernel
+// on contiguous blocks (identity block tables). Also checks that the GQA kernel's fp32
+// output matches the first kernel's.
+void BenchAttentionBandwidth(Results& res, int32_t num_sms) {
   for (int32_t rows : {1, 16, 64, 256}) {
-    double ms[2];
+    const int64_t qn = int64_t{rows} * kQHeads * kHeadDim;
+    float* q = Alloc<float>(qn);
+    float* out_a = Alloc<float>(qn);
+    float* out_b = Alloc<float>(qn);
+    Fill(q, qn, 8, 1.0f);
+    double ms_first = 0, ms_fp32 = 0, ms_bf16 = 0, ms_bf16_contiguous = 0;
+    float max_diff = 0.0f;
     for (int layout = 0; layout < 2; ++layout) {
       PagedCache c = MakeCache(rows, layout == 0);
-      float* q = Alloc<float>(int64_t{rows} * kQHeads * kHeadDim);
-      float* out = Alloc<float>(int64_t{rows} * kQHeads * kHeadDim);
-      Fill(q, int64_t{rows} * kQHeads * kHeadDim, 8, 1.0f);
-      ms[layout] = AttentionMs(c, q, out);
-      BENCH_CHECK(cudaFree(q));
-      BENCH_CHECK(cudaFree(out));
+      const int64_t floats = int64_t{c.num_blocks} * kBlockSize * kHeadDim;
+      __nv_bfloat16* kb = Alloc<__nv_bfloat16>(floats);
+      __nv_bfloat16* vb = Alloc<__nv_bfloat16>(floats);
+      ToBf16<<<1024, 256>>>(c.k, kb, floats);
+      ToBf16<<<1024, 256>>>(c.v, vb, floats);
+      BENCH_CHECK(cudaGetLastError());
+      if (layout == 0) {
+        ms_first = AttentionMs(c, q, out_a);
+        ms_fp32 = GqaMs(c, c.k, c.v, KvDtype::kFloat32, q, out_b, num_sms);
+        std::vector<float> a(qn), b(qn);
+        BENCH_CHECK(cudaMemcpy(a.data(), out_a, qn * sizeof(float), cudaMemcpyDeviceToHost));
+        BENCH_CHECK(cudaMemcpy(b.data(), out_b, qn * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < qn; ++i) max_diff = std::max(max_diff, std::abs(a[i] - b[i]));
+        ms_bf16 = GqaMs(c, kb, vb, KvDtype::kBFloat16, q, out_b, num_sms);
+      } else {
+        ms_bf16_contiguous = GqaMs(c, kb, vb, KvDtype::kBFloat16, q, out_b, num_sms);
+      }
+      BENCH_CHECK(cudaFree(kb));
+      BENCH_CHECK(cudaFree(vb));
       FreeCache(c);
     }
-    // Bytes the step must read at least: K and V of every head once.
-    const double bytes = 2.0 * rows * kKvHeads * kTokens * kHeadDim * sizeof(float);
-    const double bw = bytes / (ms[0] * 1e-3);
+    BENCH_CHECK(cudaFree(q));
+    BENCH_CHECK(cudaFree(out_a));
+    BENCH_CHECK(cudaFree(out_b));
+    // Bytes a step must read at least: K and V of every head once.
+    const double elems = 2.0 * rows * kKvHeads * kTokens * kHeadDim;
+    const double bw_first = elems * 4 / (ms_first * 1e-3);
+    const double bw_fp32 = elems * 4 / (ms_fp32 * 1e-3);
+    const double bw_bf16 = elems * 2 / (ms_bf16 * 1e-3);
     std::printf(
-        "attention batch %3d: %.3f ms paged (%.0f GB/s, %.1f%% of 4.8 TB/s), %.3f ms "
-        "contiguous blocks\n",
-        rows, ms[0], bw / 1e9, 100 * bw / kPeakBytesPerSecond, ms[1]);
+        "attention batch %3d: first kernel %.3f ms (%.1f%% of 4.8 TB/s); GQA fp32 %.3f "
+        "ms (%.1f%%); GQA bf16 %.3f ms (%.1f%%), contiguous %.3f ms; |GQA fp32 - first| "
+        "<= %.2g\n",
+        rows, ms_first, 100 * bw_first / kPeakBytesPerSecond, ms_fp32,
+        100 * bw_fp32 / kPeakBytesPerSecond, ms_bf16, 100 * bw_bf16 / kPeakBytesPerSecond,
+        ms_bf16_contiguous, max_diff);
     const std::string key = "attention_b" + std::to_string(rows);
-    res.Add(key + "_ms", ms[0]);
-    res.Add(key + "_contiguous_ms", ms[1]);
-    res.Add(key + "_gb_per_s", bw / 1e9);
-    res.Add(key + "_peak_fraction", bw / kPeakBytesPerSecond);
+    res.Add(key + "_first_kernel_ms", ms_first);
+    res.Add(key + "_first_kernel_peak_fraction", bw_first / kPeakBytesPerSecond);
+    res.Add(key + "_gqa_fp32_ms", ms_fp32);
+    res.Add(key + "_gqa_fp32_peak_fraction", bw_fp32 / kPeakBytesPerSecond);
+    res.Add(key + "_gqa_bf16_ms", ms_bf16);
+    res.Add(key + "_gqa_bf16_peak_fraction", bw_bf16 / kPeakBytesPerSecond);
+    res.Add(key + "_gqa_bf16_contiguous_ms", ms_bf16_contiguous);
+    res.Add(key + "_gqa_fp32_max_abs_diff_vs_first", max_diff);
+    res.AddBool(key + "_gqa_fp32_agrees", max_diff <= 1e-4f);
   }
 }
 
@@ -440,8 +517,8 @@ int main(int argc, char** argv) {
   Results res;
   res.AddString("device", prop.name);
   BenchTopK(res);
-  BenchCompression(res);
-  BenchAttentionBandwidth(res);
+  BenchCompression(res, prop.multiProcessorCount);
+  BenchAttentionBandwidth(res, prop.multiProcessorCount);
   if (json_path != nullptr) {
     FILE* f = std::fopen(json_path, "w");
     if (f == nullptr) {
