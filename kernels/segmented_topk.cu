@@ -3,38 +3,10 @@
 #include <cub/device/device_segmented_sort.cuh>
 
 #include "kernels/segmented_topk.h"
+#include "kernels/topk_key.h"
 
 namespace beaconkv::kernels {
 namespace {
-
-// Sort key of one element: the score's bits mapped to an unsigned integer that orders like
-// the float, above the position. Sorting descending puts the best score first and, among
-// equal scores, the larger position first (the CPU tie rule). -0.0 becomes +0.0 because the
-// CPU compares scores with ==. Every non-NaN score maps to a key > 0, so key 0 marks
-// protected elements (and padding): they sort after every candidate.
-__device__ __forceinline__ uint64_t SortKey(float score, int32_t position, uint8_t protect) {
-  if (protect) return 0;
-  const uint32_t bits = __float_as_uint(score == 0.0f ? 0.0f : score);
-  const uint32_t ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-  return (static_cast<uint64_t>(ordered) << 32) | static_cast<uint32_t>(position);
-}
-
-// Pool1d of core/scoring.cc at index r of `raw` ([n], position order): the window is clipped
-// to the segment; kAvg divides by the full kernel (count_include_pad). Same operation order
-// as the CPU loop, so results are bitwise equal.
-__device__ __forceinline__ float PoolAt(const float* raw, int32_t r, int32_t n, TopKPooling pooling,
-                                        int32_t kernel) {
-  const int32_t half = kernel / 2;
-  const int32_t lo = max(0, r - half), hi = min(n - 1, r + half);
-  if (pooling == TopKPooling::kMax) {
-    float m = raw[lo];
-    for (int32_t j = lo + 1; j <= hi; ++j) m = fmaxf(m, raw[j]);
-    return m;
-  }
-  float s = 0.0f;
-  for (int32_t j = lo; j <= hi; ++j) s = __fadd_rn(s, raw[j]);
-  return __fdiv_rn(s, static_cast<float>(kernel));
-}
 
 // One thread block per segment; the whole segment (<= THREADS * ITEMS elements) is sorted
 // in registers and shared memory. With pooling, a first sort by position puts the scores in
@@ -82,15 +54,16 @@ __global__ void __launch_bounds__(THREADS)
     __syncthreads();  // raw complete
     for (int i = 0; i < ITEMS; ++i) {
       key[i] = index[i] < 0 ? 0
-                            : SortKey(PoolAt(raw, first + i, n, pooling, pool_kernel),
-                                      static_cast<int32_t>(pos[i]), protect[begin + index[i]]);
+                            : TopKSortKey(PoolWindow(raw, first + i, n,
+                                                     pooling == TopKPooling::kMax, pool_kernel),
+                                          static_cast<int32_t>(pos[i]), protect[begin + index[i]]);
     }
     __syncthreads();  // raw read; temp free for the score sort
   } else {
     for (int i = 0; i < ITEMS; ++i) {
       const int32_t e = first + i;
       index[i] = e < n ? e : -1;
-      key[i] = e < n ? SortKey(scores[begin + e], positions[begin + e], protect[begin + e]) : 0;
+      key[i] = e < n ? TopKSortKey(scores[begin + e], positions[begin + e], protect[begin + e]) : 0;
     }
   }
   ScoreSort(temp.score).SortDescending(key, index);
@@ -112,26 +85,22 @@ __global__ void IotaKernel(const int32_t* __restrict__ offsets,  // [num_segment
   for (int32_t i = threadIdx.x; i < n; i += blockDim.x) out[begin + i] = i;
 }
 
-// pooled[order[r]] = pool over scores of the elements at position ranks near r.
+// Per segment: gathers the scores into position order (`ordered`), then
+// pooled[order[r]] = PoolWindow(ordered, r).
 __global__ void PoolKernel(const int32_t* __restrict__ offsets,  // [num_segments + 1]
                            const float* __restrict__ scores,     // [num_items]
                            const int32_t* __restrict__ order,    // [num_items] by position
                            TopKPooling pooling, int32_t kernel,
+                           float* __restrict__ ordered,   // [num_items] scratch
                            float* __restrict__ pooled) {  // [num_items]
   const int32_t begin = offsets[blockIdx.x], n = offsets[blockIdx.x + 1] - begin;
-  const int32_t half = kernel / 2;
   for (int32_t r = threadIdx.x; r < n; r += blockDim.x) {
-    const int32_t lo = max(0, r - half), hi = min(n - 1, r + half);
-    float acc;
-    if (pooling == TopKPooling::kMax) {
-      acc = scores[begin + order[begin + lo]];
-      for (int32_t j = lo + 1; j <= hi; ++j) acc = fmaxf(acc, scores[begin + order[begin + j]]);
-    } else {
-      acc = 0.0f;
-      for (int32_t j = lo; j <= hi; ++j) acc = __fadd_rn(acc, scores[begin + order[begin + j]]);
-      acc = __fdiv_rn(acc, static_cast<float>(kernel));
-    }
-    pooled[begin + order[begin + r]] = acc;
+    ordered[begin + r] = scores[begin + order[begin + r]];
+  }
+  __syncthreads();  // the block's global writes are visible to the block after the barrier
+  for (int32_t r = threadIdx.x; r < n; r += blockDim.x) {
+    pooled[begin + order[begin + r]] =
+        PoolWindow(ordered + begin, r, n, pooling == TopKPooling::kMax, kernel);
   }
 }
 
@@ -142,7 +111,7 @@ __global__ void KeyKernel(const int32_t* __restrict__ offsets,    // [num_segmen
                           uint64_t* __restrict__ keys) {          // [num_items]
   const int32_t begin = offsets[blockIdx.x], n = offsets[blockIdx.x + 1] - begin;
   for (int32_t i = begin + threadIdx.x; i < begin + n; i += blockDim.x) {
-    keys[i] = SortKey(scores[i], positions[i], protect[i]);
+    keys[i] = TopKSortKey(scores[i], positions[i], protect[i]);
   }
 }
 
@@ -208,6 +177,7 @@ cudaError_t SegmentedSortTopK(void* temp, size_t* temp_bytes, const int32_t* off
   int32_t* index = carve.Take<int32_t>(items);       // [num_items] sorted indexes
   int32_t* sorted_pos = pool ? carve.Take<int32_t>(items) : nullptr;  // [num_items]
   float* pooled = pool ? carve.Take<float>(items) : nullptr;          // [num_items]
+  float* ordered = pool ? carve.Take<float>(items) : nullptr;         // [num_items]
   void* cub_temp = carve.TakeBytes(cub_bytes);
   if (temp == nullptr) {
     *temp_bytes = std::max<size_t>(carve.used(), 16);
@@ -225,7 +195,7 @@ cudaError_t SegmentedSortTopK(void* temp, size_t* temp_bytes, const int32_t* off
                                               items, s.num_segments, offsets, offsets + 1, stream);
     if (err != cudaSuccess) return err;
     PoolKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, scores, index, s.pooling,
-                                                        s.pool_kernel, pooled);
+                                                        s.pool_kernel, ordered, pooled);
     scores = pooled;
   }
   KeyKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, scores, positions, protect, keys_in);

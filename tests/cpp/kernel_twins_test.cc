@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
@@ -16,6 +18,7 @@
 #include "kernels/paged_scores_cpu.h"
 #include "kernels/rope_rotate_cpu.h"
 #include "kernels/segmented_topk_cpu.h"
+#include "kernels/topk_key.h"
 
 namespace beaconkv::kernels {
 namespace {
@@ -112,6 +115,57 @@ TEST(SegmentedTopKCpuTest, PoolingRunsInPositionOrder) {
                    OneSegment(8, TopKPooling::kMax, 3), keep.data());
   // Pooled: 0 1 1 1 0 .6 .6 .6 -> best five: 3, 2, 1 (score 1, recent first), then 7, 6.
   EXPECT_EQ(KeptPositions(positions, keep), (std::set<int32_t>{1, 2, 3, 6, 7}));
+}
+
+// The device top-k sorts TopKSortKey descending and keeps the first k: that is core's
+// order exactly when key(a) > key(b) <=> a beats b under TopKUnprotected's comparator.
+TEST(TopKSortKeyTest, OrdersLikeTheCpuComparator) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::vector<float> values = {-kInf,  -3e38f, -1.0f, -1e-40f, -0.0f, 0.0f,  1e-45f,
+                               1e-40f, 1e-38f, 0.5f,  0.5f,    1.0f,  3e38f, kInf};
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (int i = 0; i < 30; ++i) values.push_back(u(rng));
+  const std::vector<int32_t> positions = {0, 1, 7, 65535, 2147483647};
+  struct E {
+    float score;
+    int32_t position;
+  };
+  std::vector<E> elems;
+  for (float v : values)
+    for (int32_t p : positions) elems.push_back({v, p});
+  for (const E& a : elems) {
+    EXPECT_GT(TopKSortKey(a.score, a.position, 0), 0u);
+    EXPECT_EQ(TopKSortKey(a.score, a.position, 1), 0u);
+    for (const E& b : elems) {
+      const bool a_beats_b = a.score != b.score ? a.score > b.score : a.position > b.position;
+      ASSERT_EQ(TopKSortKey(a.score, a.position, 0) > TopKSortKey(b.score, b.position, 0),
+                a_beats_b)
+          << a.score << "@" << a.position << " vs " << b.score << "@" << b.position;
+    }
+  }
+}
+
+TEST(TopKPoolWindowTest, EqualsCorePool1dBitwise) {
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (int32_t n : {1, 2, 5, 17, 64}) {
+    std::vector<float> raw(n);
+    for (float& x : raw) x = u(rng);
+    if (n > 2) raw[1] = -0.0f;
+    for (int32_t kernel : {3, 5, 7, 9, 101}) {  // kernel 1 never pools
+      for (Pooling p : {Pooling::kMax, Pooling::kAvg}) {
+        std::vector<float> want = raw;
+        Pool1d(p, kernel, absl::MakeSpan(want));
+        for (int32_t r = 0; r < n; ++r) {
+          const float got = PoolWindow(raw.data(), r, n, p == Pooling::kMax, kernel);
+          ASSERT_EQ(std::memcmp(&got, &want[r], sizeof(float)), 0)
+              << "n " << n << " kernel " << kernel << " index " << r << ": " << got << " vs "
+              << want[r];
+        }
+      }
+    }
+  }
 }
 
 TEST(PagedAttentionScoresCpuTest, EqualsAttentionScoresOnTheGatheredKeys) {
