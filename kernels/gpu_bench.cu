@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cache_ops.h"
+#include "kernels/compaction_moves.h"
 #include "kernels/paged_attention.h"
 #include "kernels/paged_attention_gqa.h"
 #include "kernels/paged_scores.h"
@@ -348,28 +348,43 @@ void BenchCompression(Results& res, int32_t num_sms) {
     BENCH_CHECK(SegmentedTopK(temp, &temp_bytes, d_score_offsets, scores, positions, protect, d_k,
                               ts, TopKAlgorithm::kAuto, keep, nullptr));
   });
-  // Compaction: each head evicts kInterval tokens; as many tail slots move into the holes.
-  // Sources are the last kInterval slots of each head, targets kInterval slots spread over
-  // its first blocks (disjoint from the sources, as the block manager's plans are).
-  const int32_t moves = heads * kInterval;
-  std::vector<int32_t> from(moves), to(moves);
-  std::vector<int32_t> ids(int64_t{heads} * c.max_blocks);
-  BENCH_CHECK(
-      cudaMemcpy(ids.data(), c.tables, ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-  for (int32_t h = 0; h < heads; ++h) {
-    for (int32_t m = 0; m < kInterval; ++m) {
-      const int32_t src = kTokens - kInterval + m, dst = m * 13 + 5;
-      from[h * kInterval + m] =
-          ids[int64_t{h} * c.max_blocks + src / kBlockSize] * kBlockSize + src % kBlockSize;
-      to[h * kInterval + m] =
-          ids[int64_t{h} * c.max_blocks + dst / kBlockSize] * kBlockSize + dst % kBlockSize;
-    }
-  }
-  int32_t* d_from = Upload(from);
-  int32_t* d_to = Upload(to);
-  const double compact_ms = TimeMs(5, [&] {
-    BENCH_CHECK(MoveSlots(d_from, d_to, moves, c.k, c.v, c.positions, kHeadDim, nullptr));
+  // Compaction from the keep mask just computed: moves planned on the device, then applied.
+  const int64_t items = int64_t{heads} * kTokens;
+  int32_t* from = Alloc<int32_t>(items);
+  int32_t* to = Alloc<int32_t>(items);
+  int32_t* num_moves = Alloc<int32_t>(heads);
+  int32_t* new_lengths = Alloc<int32_t>(heads);
+  CompactionShape cs;
+  cs.num_segments = heads;
+  cs.num_items = static_cast<int32_t>(items);
+  cs.block_size = kBlockSize;
+  cs.max_blocks = c.max_blocks;
+  const double plan_ms = TimeMs(5, [&] {
+    BENCH_CHECK(CompactionMoves(d_score_offsets, keep, d_table_of_head, c.tables, cs, from, to,
+                                num_moves, new_lengths, nullptr));
   });
+  const double apply_ms = TimeMs(5, [&] {
+    BENCH_CHECK(ApplyCompactionMoves(d_score_offsets, from, to, num_moves, heads, c.k, c.v,
+                                     c.positions, kHeadDim, nullptr));
+  });
+  std::vector<int32_t> moves_host(heads), lengths_host(heads);
+  BENCH_CHECK(
+      cudaMemcpy(moves_host.data(), num_moves, heads * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  BENCH_CHECK(cudaMemcpy(lengths_host.data(), new_lengths, heads * sizeof(int32_t),
+                         cudaMemcpyDeviceToHost));
+  int64_t total_moves = 0;
+  bool lengths_right = true;
+  for (int32_t h = 0; h < heads; ++h) {
+    total_moves += moves_host[h];
+    lengths_right = lengths_right && lengths_host[h] == kBudget;
+  }
+  const double compact_ms = plan_ms + apply_ms;
+  std::printf(
+      "  compaction: %lld moves (plan %.3f ms, apply %.3f ms); every head keeps the "
+      "budget: %s\n",
+      static_cast<long long>(total_moves), plan_ms, apply_ms, lengths_right ? "yes" : "NO");
+  res.Add("compaction_moves", static_cast<double>(total_moves));
+  res.AddBool("compaction_lengths_equal_budget", lengths_right);
   const double event_ms = rope_ms + score_ms + topk_ms + compact_ms;
   const double share = event_ms / attention_ms;
   std::printf(
@@ -396,7 +411,7 @@ void BenchCompression(Results& res, int32_t num_sms) {
   for (void* p : {(void*)q, (void*)out, (void*)d_table_of_head, (void*)d_query_offsets,
                   (void*)d_score_offsets, (void*)queries, (void*)d_beacon_row, (void*)angle_table,
                   (void*)beacons, (void*)scores, (void*)positions, (void*)protect, (void*)keep,
-                  (void*)d_k, temp, (void*)d_from, (void*)d_to}) {
+                  (void*)d_k, temp, (void*)from, (void*)to, (void*)num_moves, (void*)new_lengths}) {
     BENCH_CHECK(cudaFree(p));
   }
   FreeCache(c);

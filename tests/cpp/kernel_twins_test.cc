@@ -15,6 +15,7 @@
 #include "core/scoring.h"
 #include "core/selection.h"
 #include "kernels/append_kv_cpu.h"
+#include "kernels/compaction_moves_cpu.h"
 #include "kernels/paged_scores_cpu.h"
 #include "kernels/rope_rotate_cpu.h"
 #include "kernels/segmented_topk_cpu.h"
@@ -216,6 +217,24 @@ TEST(AppendKvCpuTest, WritesTheSlotAfterTheLastToken) {
   EXPECT_EQ(k[3], 2.0f);
   EXPECT_EQ(v[2], 3.0f);
   EXPECT_EQ(std::count(pos.begin(), pos.end(), -1), 3 * bs - 1);
+}
+
+TEST(CompactionMovesCpuTest, HolesFilledByTheFirstSurvivorsThroughTheBlockTable) {
+  // Segment 0: keep {0, 2, 4, 5} of 6 -> holes 1, 3 filled by 4, 5. Segment 1: all kept.
+  const std::vector<int32_t> offsets = {0, 6, 9};
+  const std::vector<uint8_t> keep = {1, 0, 1, 0, 1, 1, 1, 1, 1};
+  const std::vector<int32_t> table_of_segment = {1, 0};
+  const std::vector<int32_t> tables = {0, 2, 3, 1};  // table 1: blocks 3 then 1
+  std::vector<int32_t> from(9, -1), to(9, -1), moves(2), lengths(2);
+  CompactionMovesCpu(offsets.data(), keep.data(), table_of_segment.data(), tables.data(),
+                     {2, 9, 4, 2}, from.data(), to.data(), moves.data(), lengths.data());
+  EXPECT_EQ(moves, (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(lengths, (std::vector<int32_t>{4, 3}));
+  // Index j of table 1 is slot table[j / 4] * 4 + j % 4: 1 -> 13, 3 -> 15, 4 -> 4, 5 -> 5.
+  EXPECT_EQ(from[0], 4);
+  EXPECT_EQ(to[0], 13);
+  EXPECT_EQ(from[1], 5);
+  EXPECT_EQ(to[1], 15);
 }
 
 TEST(RopeTwinTest, TableRowsAreCoreAnglesAndRotationIsCoreRotate) {

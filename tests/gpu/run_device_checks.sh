@@ -86,8 +86,8 @@ else
   # One nvcc per file, in parallel, then one link.
   objs=()
   pids=()
-  for f in gpu_bench cache_ops paged_attention paged_attention_gqa paged_scores rope_rotate \
-           segmented_topk; do
+  for f in gpu_bench cache_ops compaction_moves paged_attention paged_attention_gqa paged_scores \
+           rope_rotate segmented_topk; do
     (cd "$ROOT" && nvcc -std=c++17 -O3 "${arch_flags[@]}" -I. -c "kernels/$f.cu" \
        -o "$BUILD/$f.o") >>"$BUILDLOG" 2>&1 &
     pids+=($!)
@@ -170,6 +170,8 @@ if [ "${#tests[@]}" -gt 0 ] && command -v compute-sanitizer >/dev/null 2>&1; the
   }
   san memcheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/4?:SegmentedTopKGpuLongTest.*'
   san memcheck gpu_rope_append_test '*'
+  san memcheck gpu_compaction_moves_test 'Shapes/CompactionMovesGpuTest.*/4'
+  san racecheck gpu_compaction_moves_test 'Shapes/CompactionMovesGpuTest.*/4'
   san memcheck gpu_paged_attention_gqa_test 'Shapes/PagedAttentionGqaGpuTest.*/1?'
   san memcheck gpu_paged_scores_test 'Shapes/PagedScoresGpuTest.*/1?'
   san racecheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/40:Shapes/SegmentedTopKGpuTest.*/41'
