@@ -22,4 +22,29 @@ T* ToDevice(const std::vector<T>& v) {
   return p;
 }
 
+template <typename T>
+std::vector<T> ToHost(const T* p, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+// Device memory freed at scope exit.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) { EXPECT_EQ(cudaMalloc(&p_, bytes + 1), cudaSuccess); }
+  template <typename T>
+  explicit DeviceBuffer(const std::vector<T>& v) : p_(ToDevice(v)) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(p_); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+
 }  // namespace beaconkv::gpu_test

@@ -1,0 +1,227 @@
+#include <cfloat>
+#include <cmath>
+
+#include "kernels/paged_scores.h"
+
+namespace beaconkv::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRows = 64;    // query rows per chunk (a row = one query head of one query)
+constexpr int kKeys = 64;    // keys per tile
+constexpr int kMicro = 4;    // each thread computes a kMicro x kMicro block of logits
+constexpr int kGroups = 16;  // kRows / kMicro row groups x kKeys / kMicro key groups = 256
+static_assert(kGroups * kMicro == kRows && kGroups * kMicro == kKeys, "tile shape");
+static_assert(kGroups * kGroups == kThreads, "one thread per micro-tile");
+
+template <int HEAD_DIM>
+struct Smem {
+  static constexpr int kPad = HEAD_DIM + 1;  // odd row stride: no bank conflicts
+  float q[kRows][kPad];                      // [rows of the chunk, head_dim]
+  float k[kKeys][kPad];                      // [keys of the tile, head_dim]
+  float p[kRows][kKeys + 1];                 // [rows, keys] logits, then probabilities
+  float row_max[kRows];                      // [rows] running max of the logits
+  float row_sum[kRows];                      // [rows] running sum of exp(logit - max)
+};
+
+// Loads keys [j0, j0 + kKeys) of the head into s.k through the block table (zeros past n).
+template <int HEAD_DIM>
+__device__ void LoadKeyTile(const float* __restrict__ k_cache, const int32_t* __restrict__ table,
+                            int32_t block_size, int32_t j0, int32_t n, Smem<HEAD_DIM>& s) {
+  constexpr int kVec = HEAD_DIM / 4;  // float4 per key
+  for (int i = threadIdx.x; i < kKeys * kVec; i += kThreads) {
+    const int key = i / kVec, part = i % kVec;
+    const int32_t j = j0 + key;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (j < n) {
+      const int64_t slot = int64_t{table[j / block_size]} * block_size + j % block_size;
+      v = reinterpret_cast<const float4*>(k_cache + slot * HEAD_DIM)[part];
+    }
+    float* dst = &s.k[key][part * 4];
+    dst[0] = v.x;
+    dst[1] = v.y;
+    dst[2] = v.z;
+    dst[3] = v.w;
+  }
+}
+
+// Logits of the chunk's rows against the tile's keys: acc[a][b] for row ty + 16a, key tx + 16b.
+template <int HEAD_DIM>
+__device__ void TileLogits(const Smem<HEAD_DIM>& s, float scale, float (&acc)[kMicro][kMicro]) {
+  const int tx = threadIdx.x % kGroups, ty = threadIdx.x / kGroups;
+  for (int a = 0; a < kMicro; ++a)
+    for (int b = 0; b < kMicro; ++b) acc[a][b] = 0.0f;
+#pragma unroll 8
+  for (int d = 0; d < HEAD_DIM; ++d) {
+    float qa[kMicro], kb[kMicro];
+    for (int a = 0; a < kMicro; ++a) qa[a] = s.q[ty + kGroups * a][d];
+    for (int b = 0; b < kMicro; ++b) kb[b] = s.k[tx + kGroups * b][d];
+    for (int a = 0; a < kMicro; ++a)
+      for (int b = 0; b < kMicro; ++b) acc[a][b] = fmaf(qa[a], kb[b], acc[a][b]);
+  }
+  for (int a = 0; a < kMicro; ++a)
+    for (int b = 0; b < kMicro; ++b) acc[a][b] *= scale;
+}
+
+// One thread block per head. Query rows go in chunks of whole queries (<= kRows rows); per
+// chunk, pass 1 walks the key tiles for each row's softmax max and sum, pass 2 walks them again
+// and folds the probabilities into the head's scores (kept in `scores`, each key owned by one
+// thread throughout, so no atomics).
+template <int HEAD_DIM>
+__global__ void __launch_bounds__(kThreads)
+    PagedScoresKernel(const float* __restrict__ k_cache,          // [num_blocks, bs, head_dim]
+                      const int32_t* __restrict__ block_tables,   // [num_tables, max_blocks]
+                      const int32_t* __restrict__ lengths,        // [num_tables]
+                      const int32_t* __restrict__ table_of_head,  // [num_heads]
+                      const float* __restrict__ queries,  // [total_queries, group, head_dim]
+                      const int32_t* __restrict__ query_offsets,  // [num_heads + 1]
+                      const int32_t* __restrict__ score_offsets,  // [num_heads + 1]
+                      PagedScoresShape shape, float scale,
+                      float* __restrict__ scores) {  // [score_offsets[num_heads]]
+  extern __shared__ float4 smem_raw[];
+  Smem<HEAD_DIM>& s = *reinterpret_cast<Smem<HEAD_DIM>*>(smem_raw);
+  const int h = blockIdx.x;
+  const int32_t t = table_of_head[h];
+  const int32_t n = lengths[t];
+  const int32_t* table = block_tables + int64_t{t} * shape.max_blocks;
+  const int32_t q0 = query_offsets[h], nq = query_offsets[h + 1] - q0;
+  float* out = scores + score_offsets[h];  // [n]
+  const int g = shape.group_size;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int tx = threadIdx.x % kGroups, ty = threadIdx.x / kGroups;
+  if (nq == 0) {
+    for (int32_t j = threadIdx.x; j < n; j += kThreads) out[j] = 0.0f;
+    return;
+  }
+  const int chunk_queries = kRows / g;
+  for (int32_t cq = 0; cq < nq; cq += chunk_queries) {
+    const int queries_here = min(chunk_queries, nq - cq);
+    const int rows = queries_here * g;
+    const float* qsrc = queries + (int64_t{q0} + cq) * g * HEAD_DIM;  // [rows, head_dim]
+    __syncthreads();  // the previous chunk is done with s
+    for (int i = threadIdx.x; i < kRows * HEAD_DIM; i += kThreads) {
+      const int r = i / HEAD_DIM, d = i % HEAD_DIM;
+      s.q[r][d] = r < rows ? qsrc[int64_t{r} * HEAD_DIM + d] : 0.0f;
+    }
+    if (threadIdx.x < kRows) {
+      s.row_max[threadIdx.x] = -FLT_MAX;
+      s.row_sum[threadIdx.x] = 0.0f;
+    }
+    // Pass 1: per-row online max and sum of exponentials.
+    for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
+      __syncthreads();  // s.k and s.p free
+      LoadKeyTile<HEAD_DIM>(k_cache, table, shape.block_size, j0, n, s);
+      __syncthreads();
+      float acc[kMicro][kMicro];
+      TileLogits<HEAD_DIM>(s, scale, acc);
+      for (int a = 0; a < kMicro; ++a)
+        for (int b = 0; b < kMicro; ++b) s.p[ty + kGroups * a][tx + kGroups * b] = acc[a][b];
+      __syncthreads();
+      const int keys_here = min(kKeys, n - j0);
+      for (int r = warp; r < rows; r += kThreads / 32) {  // each row owned by one warp
+        const float m_old = s.row_max[r], sum_old = s.row_sum[r];
+        float m = -FLT_MAX;
+        for (int c = lane; c < keys_here; c += 32) m = fmaxf(m, s.p[r][c]);
+        for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        const float m_new = fmaxf(m_old, m);
+        float sum = 0.0f;
+        for (int c = lane; c < keys_here; c += 32) sum += expf(s.p[r][c] - m_new);
+        for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (lane == 0) {
+          s.row_sum[r] = sum_old * expf(m_old - m_new) + sum;
+          s.row_max[r] = m_new;
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < rows) s.row_sum[threadIdx.x] = 1.0f / s.row_sum[threadIdx.x];
+    // Pass 2: probabilities, reduced over the group, then over the queries into out.
+    for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
+      __syncthreads();  // s.k and s.p free; row_sum inverted
+      LoadKeyTile<HEAD_DIM>(k_cache, table, shape.block_size, j0, n, s);
+      __syncthreads();
+      float acc[kMicro][kMicro];
+      TileLogits<HEAD_DIM>(s, scale, acc);
+      for (int a = 0; a < kMicro; ++a) {
+        const int r = ty + kGroups * a;
+        if (r >= rows) continue;
+        for (int b = 0; b < kMicro; ++b) {
+          s.p[r][tx + kGroups * b] = __fmul_rn(expf(acc[a][b] - s.row_max[r]), s.row_sum[r]);
+        }
+      }
+      __syncthreads();
+      const int32_t j = j0 + threadIdx.x;
+      if (threadIdx.x < kKeys && j < n) {
+        const int c = threadIdx.x;
+        float total = cq == 0 ? 0.0f : out[j];
+        for (int q = 0; q < queries_here; ++q) {
+          float red = s.p[q * g][c];
+          for (int m = 1; m < g; ++m) {
+            red = shape.gqa == ScoreGqa::kMaxProbs ? fmaxf(red, s.p[q * g + m][c])
+                                                   : __fadd_rn(red, s.p[q * g + m][c]);
+          }
+          if (g > 1 && shape.gqa == ScoreGqa::kMeanProbs) red = __fmul_rn(red, 1.0f / g);
+          total = shape.query == ScoreQuery::kMax ? fmaxf(total, red) : __fadd_rn(total, red);
+        }
+        if (shape.query == ScoreQuery::kMean && cq + queries_here == nq) {
+          total = __fmul_rn(total, 1.0f / nq);
+        }
+        out[j] = total;
+      }
+    }
+  }
+}
+
+template <int HEAD_DIM>
+cudaError_t Launch(const float* k_cache, const int32_t* block_tables, const int32_t* lengths,
+                   const int32_t* table_of_head, const float* queries, const int32_t* query_offsets,
+                   const int32_t* score_offsets, const PagedScoresShape& shape, float* scores,
+                   cudaStream_t stream) {
+  const size_t smem = sizeof(Smem<HEAD_DIM>);
+  cudaError_t err =
+      cudaFuncSetAttribute(PagedScoresKernel<HEAD_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HEAD_DIM));
+  PagedScoresKernel<HEAD_DIM><<<shape.num_heads, kThreads, smem, stream>>>(
+      k_cache, block_tables, lengths, table_of_head, queries, query_offsets, score_offsets, shape,
+      scale, scores);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t PagedAttentionScores(const float* k_cache, const int32_t* block_tables,
+                                 const int32_t* lengths, const int32_t* table_of_head,
+                                 const float* queries, const int32_t* query_offsets,
+                                 const int32_t* score_offsets, const PagedScoresShape& shape,
+                                 float* scores, cudaStream_t stream) {
+  if (shape.num_heads < 0 || shape.block_size < 1 || shape.max_blocks < 0 || shape.group_size < 1 ||
+      shape.group_size > kRows) {
+    return cudaErrorInvalidValue;
+  }
+  if (shape.gqa != ScoreGqa::kMaxProbs && shape.gqa != ScoreGqa::kMeanProbs) {
+    return cudaErrorInvalidValue;
+  }
+  if (shape.query != ScoreQuery::kMax && shape.query != ScoreQuery::kMean &&
+      shape.query != ScoreQuery::kSum) {
+    return cudaErrorInvalidValue;
+  }
+  if (shape.num_heads == 0) return cudaSuccess;
+  // DISPATCH: runtime head_dim -> template argument.
+  switch (shape.head_dim) {
+    case 64:
+      return Launch<64>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
+                        score_offsets, shape, scores, stream);
+    case 128:
+      return Launch<128>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
+                         score_offsets, shape, scores, stream);
+    case 256:
+      return Launch<256>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
+                         score_offsets, shape, scores, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace beaconkv::kernels

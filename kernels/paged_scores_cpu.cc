@@ -1,0 +1,50 @@
+#include "kernels/paged_scores_cpu.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/check.h"
+#include "core/scoring.h"
+
+namespace beaconkv::kernels {
+namespace {
+
+ScoreSpec ToCoreSpec(const PagedScoresShape& s) {
+  ScoreSpec spec;
+  spec.gqa = s.gqa == ScoreGqa::kMeanProbs   ? GqaReduction::kMeanProbs
+             : s.gqa == ScoreGqa::kMaxLogits ? GqaReduction::kMaxLogits
+                                             : GqaReduction::kMaxProbs;
+  spec.query = s.query == ScoreQuery::kMean  ? QueryReduction::kMean
+               : s.query == ScoreQuery::kSum ? QueryReduction::kSum
+                                             : QueryReduction::kMax;
+  return spec;
+}
+
+}  // namespace
+
+void PagedAttentionScoresCpu(const float* k_cache, const int32_t* block_tables,
+                             const int32_t* lengths, const int32_t* table_of_head,
+                             const float* queries, const int32_t* query_offsets,
+                             const int32_t* score_offsets, const PagedScoresShape& s,
+                             float* scores) {
+  const ScoreSpec spec = ToCoreSpec(s);
+  const int64_t d = s.head_dim;
+  std::vector<float> keys;  // [n, head_dim] the head's keys gathered in slot order
+  ScoreScratch scratch;
+  for (int32_t h = 0; h < s.num_heads; ++h) {
+    const int32_t t = table_of_head[h];
+    const int32_t n = lengths[t];
+    BKV_CHECK(score_offsets[h + 1] - score_offsets[h] == n);
+    const int32_t* table = block_tables + int64_t{t} * s.max_blocks;
+    keys.resize(static_cast<size_t>(n) * d);
+    for (int32_t j = 0; j < n; ++j) {
+      const int64_t slot = int64_t{table[j / s.block_size]} * s.block_size + j % s.block_size;
+      std::copy_n(k_cache + slot * d, d, keys.data() + j * d);
+    }
+    const int32_t q0 = query_offsets[h], nq = query_offsets[h + 1] - q0;
+    AttentionScores(keys.data(), 0, n, s.head_dim, queries + int64_t{q0} * s.group_size * d, nq,
+                    s.group_size, spec, scores + score_offsets[h], &scratch);
+  }
+}
+
+}  // namespace beaconkv::kernels

@@ -1,0 +1,41 @@
+// Attention scores of observation queries over the paged keys of many heads: the CPU function
+// that defines the result of the CUDA kernel in paged_scores.cu. One "head" here is one
+// (sequence, layer, kv_head) due for compression; its keys are the first lengths[t] slots of
+// block table t = table_of_head[h], in slot order.
+//
+// scores of head h = core AttentionScores over those keys (all of them, slot order) with the
+// head's queries [num_queries_h, group_size, head_dim]: softmax per query head over the keys
+// of q.k / sqrt(head_dim), reduced over the GQA group, then over the queries. BeaconKV scores
+// with group_size 1 (every recent query of every query head, and every beacon, is one query),
+// kMaxProbs and kMax.
+#pragma once
+
+#include <cstdint>
+
+namespace beaconkv::kernels {
+
+// Mirrors core GqaReduction / QueryReduction without pulling absl into device code.
+enum class ScoreGqa : int32_t { kMaxProbs = 0, kMeanProbs = 1, kMaxLogits = 2 };
+enum class ScoreQuery : int32_t { kMax = 0, kMean = 1, kSum = 2 };
+
+struct PagedScoresShape {
+  int32_t num_heads = 0;  // heads scored in this call
+  int32_t head_dim = 0;
+  int32_t block_size = 0;
+  int32_t max_blocks = 0;  // row stride of block_tables
+  int32_t group_size = 1;  // query heads per query row
+  ScoreGqa gqa = ScoreGqa::kMaxProbs;
+  ScoreQuery query = ScoreQuery::kMax;
+};
+
+void PagedAttentionScoresCpu(const float* k_cache,          // [num_blocks, block_size, head_dim]
+                             const int32_t* block_tables,   // [num_tables, max_blocks]
+                             const int32_t* lengths,        // [num_tables]
+                             const int32_t* table_of_head,  // [num_heads]
+                             const float* queries,          // [total_queries, group_size, head_dim]
+                             const int32_t* query_offsets,  // [num_heads + 1]
+                             const int32_t* score_offsets,  // [num_heads + 1]; sizes = lengths
+                             const PagedScoresShape& shape,
+                             float* scores);  // [score_offsets[num_heads]], slot order
+
+}  // namespace beaconkv::kernels

@@ -1,0 +1,261 @@
+#include <algorithm>
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/device/device_segmented_sort.cuh>
+
+#include "kernels/segmented_topk.h"
+#include "kernels/topk_key.h"
+
+namespace beaconkv::kernels {
+namespace {
+
+// One thread block per segment; the whole segment (<= THREADS * ITEMS elements) is sorted
+// in registers and shared memory. With pooling, a first sort by position puts the scores in
+// position order in shared memory, where the pooling window is read.
+template <int THREADS, int ITEMS>
+__global__ void __launch_bounds__(THREADS)
+    BlockTopKKernel(const int32_t* __restrict__ offsets,    // [num_segments + 1]
+                    const float* __restrict__ scores,       // [num_items]
+                    const int32_t* __restrict__ positions,  // [num_items]
+                    const uint8_t* __restrict__ protect,    // [num_items]
+                    const int32_t* __restrict__ k,          // [num_segments]
+                    TopKPooling pooling, int32_t pool_kernel,
+                    uint8_t* __restrict__ keep) {  // [num_items]
+  constexpr int kTile = THREADS * ITEMS;
+  using PositionSort = cub::BlockRadixSort<uint32_t, THREADS, ITEMS, int32_t>;
+  using ScoreSort = cub::BlockRadixSort<uint64_t, THREADS, ITEMS, int32_t>;
+  // raw ([n] scores in position order, pooling only) lives between the two sorts, so it
+  // shares their storage; barriers separate the three uses.
+  __shared__ union {
+    typename PositionSort::TempStorage position;
+    typename ScoreSort::TempStorage score;
+    float raw[kTile];
+  } temp;
+  float* raw = temp.raw;
+
+  const int32_t begin = offsets[blockIdx.x];
+  const int32_t n = offsets[blockIdx.x + 1] - begin;
+  if (n > kTile) __trap();                    // the host was given a wrong max_segment_len
+  const int32_t first = threadIdx.x * ITEMS;  // blocked arrangement: rank first + i
+
+  uint64_t key[ITEMS];   // [ITEMS] sort keys
+  int32_t index[ITEMS];  // [ITEMS] element index within the segment; -1 = padding
+  if (pooling != TopKPooling::kNone && pool_kernel > 1) {
+    uint32_t pos[ITEMS];  // [ITEMS]
+    for (int i = 0; i < ITEMS; ++i) {
+      const int32_t e = first + i;
+      index[i] = e < n ? e : -1;
+      pos[i] = e < n ? static_cast<uint32_t>(positions[begin + e]) : 0xffffffffu;
+    }
+    PositionSort(temp.position).Sort(pos, index);
+    __syncthreads();  // the sort's last reads of temp are done before raw overwrites it
+    for (int i = 0; i < ITEMS; ++i) {
+      if (index[i] >= 0) raw[first + i] = scores[begin + index[i]];
+    }
+    __syncthreads();  // raw complete
+    for (int i = 0; i < ITEMS; ++i) {
+      key[i] = index[i] < 0 ? 0
+                            : TopKSortKey(PoolWindow(raw, first + i, n,
+                                                     pooling == TopKPooling::kMax, pool_kernel),
+                                          static_cast<int32_t>(pos[i]), protect[begin + index[i]]);
+    }
+    __syncthreads();  // raw read; temp free for the score sort
+  } else {
+    for (int i = 0; i < ITEMS; ++i) {
+      const int32_t e = first + i;
+      index[i] = e < n ? e : -1;
+      key[i] = e < n ? TopKSortKey(scores[begin + e], positions[begin + e], protect[begin + e]) : 0;
+    }
+  }
+  ScoreSort(temp.score).SortDescending(key, index);
+  // Rank first + i: candidates (key != 0) are kept while the rank is below k; protected
+  // elements are kept; padding is skipped. Each element is written exactly once.
+  const int32_t kk = k[blockIdx.x];
+  for (int i = 0; i < ITEMS; ++i) {
+    if (index[i] < 0) continue;
+    keep[begin + index[i]] = (key[i] == 0 || first + i < kk) ? 1 : 0;
+  }
+}
+
+// ---- DeviceSegmentedSort path: one pass per step over global memory. ----
+
+// One thread block per segment for the helpers below; threads stride over its elements.
+__global__ void IotaKernel(const int32_t* __restrict__ offsets,  // [num_segments + 1]
+                           int32_t* __restrict__ out) {          // [num_items]
+  const int32_t begin = offsets[blockIdx.x], n = offsets[blockIdx.x + 1] - begin;
+  for (int32_t i = threadIdx.x; i < n; i += blockDim.x) out[begin + i] = i;
+}
+
+// Per segment: gathers the scores into position order (`ordered`), then
+// pooled[order[r]] = PoolWindow(ordered, r).
+__global__ void PoolKernel(const int32_t* __restrict__ offsets,  // [num_segments + 1]
+                           const float* __restrict__ scores,     // [num_items]
+                           const int32_t* __restrict__ order,    // [num_items] by position
+                           TopKPooling pooling, int32_t kernel,
+                           float* __restrict__ ordered,   // [num_items] scratch
+                           float* __restrict__ pooled) {  // [num_items]
+  const int32_t begin = offsets[blockIdx.x], n = offsets[blockIdx.x + 1] - begin;
+  for (int32_t r = threadIdx.x; r < n; r += blockDim.x) {
+    ordered[begin + r] = scores[begin + order[begin + r]];
+  }
+  __syncthreads();  // the block's global writes are visible to the block after the barrier
+  for (int32_t r = threadIdx.x; r < n; r += blockDim.x) {
+    pooled[begin + order[begin + r]] =
+        PoolWindow(ordered + begin, r, n, pooling == TopKPooling::kMax, kernel);
+  }
+}
+
+__global__ void KeyKernel(const int32_t* __restrict__ offsets,    // [num_segments + 1]
+                          const float* __restrict__ scores,       // [num_items]
+                          const int32_t* __restrict__ positions,  // [num_items]
+                          const uint8_t* __restrict__ protect,    // [num_items]
+                          uint64_t* __restrict__ keys) {          // [num_items]
+  const int32_t begin = offsets[blockIdx.x], n = offsets[blockIdx.x + 1] - begin;
+  for (int32_t i = begin + threadIdx.x; i < begin + n; i += blockDim.x) {
+    keys[i] = TopKSortKey(scores[i], positions[i], protect[i]);
+  }
+}
+
+__global__ void MarkKernel(const int32_t* __restrict__ offsets,  // [num_segments + 1]
+                           const uint64_t* __restrict__ keys,    // [num_items] sorted
+                           const int32_t* __restrict__ index,    // [num_items] sorted
+                           const int32_t* __restrict__ k,        // [num_segments]
+                           uint8_t* __restrict__ keep) {         // [num_items]
+  const int32_t begin = offsets[blockIdx.x], n = offsets[blockIdx.x + 1] - begin;
+  const int32_t kk = k[blockIdx.x];
+  for (int32_t r = threadIdx.x; r < n; r += blockDim.x) {
+    keep[begin + index[begin + r]] = (keys[begin + r] == 0 || r < kk) ? 1 : 0;
+  }
+}
+
+constexpr size_t kAlign = 256;
+size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Carves typed arrays out of one scratch allocation (or only counts bytes when base is null).
+class ScratchCarver {
+ public:
+  explicit ScratchCarver(void* base) : base_(static_cast<char*>(base)) {}
+  template <typename T>
+  T* Take(size_t count) {
+    T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    used_ += AlignUp(count * sizeof(T));
+    return p;
+  }
+  void* TakeBytes(size_t bytes) { return Take<char>(bytes); }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+cudaError_t SegmentedSortTopK(void* temp, size_t* temp_bytes, const int32_t* offsets,
+                              const float* scores, const int32_t* positions, const uint8_t* protect,
+                              const int32_t* k, const SegmentedTopKShape& s, uint8_t* keep,
+                              cudaStream_t stream) {
+  const bool pool = s.pooling != TopKPooling::kNone && s.pool_kernel > 1;
+  const int64_t items = s.num_items;
+  // CUB's own scratch: the larger of the two sorts' needs.
+  size_t cub_bytes = 0, bytes = 0;
+  cudaError_t err = cub::DeviceSegmentedSort::SortPairsDescending(
+      nullptr, bytes, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), items, s.num_segments,
+      offsets, offsets + 1, stream);
+  if (err != cudaSuccess) return err;
+  cub_bytes = bytes;
+  if (pool) {
+    err = cub::DeviceSegmentedSort::SortPairs(
+        nullptr, bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), items, s.num_segments,
+        offsets, offsets + 1, stream);
+    if (err != cudaSuccess) return err;
+    cub_bytes = std::max(cub_bytes, bytes);
+  }
+  ScratchCarver carve(temp);
+  uint64_t* keys_in = carve.Take<uint64_t>(items);   // [num_items]
+  uint64_t* keys_out = carve.Take<uint64_t>(items);  // [num_items]
+  int32_t* iota = carve.Take<int32_t>(items);        // [num_items] index within segment
+  int32_t* index = carve.Take<int32_t>(items);       // [num_items] sorted indexes
+  int32_t* sorted_pos = pool ? carve.Take<int32_t>(items) : nullptr;  // [num_items]
+  float* pooled = pool ? carve.Take<float>(items) : nullptr;          // [num_items]
+  float* ordered = pool ? carve.Take<float>(items) : nullptr;         // [num_items]
+  void* cub_temp = carve.TakeBytes(cub_bytes);
+  if (temp == nullptr) {
+    *temp_bytes = std::max<size_t>(carve.used(), 16);
+    return cudaSuccess;
+  }
+  if (*temp_bytes < carve.used()) return cudaErrorInvalidValue;
+  if (s.num_segments == 0) return cudaSuccess;
+
+  constexpr int kThreads = 256;
+  IotaKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, iota);
+  if (pool) {
+    // index = element indexes in position order (positions are >= 0, so int32 order works).
+    bytes = cub_bytes;
+    err = cub::DeviceSegmentedSort::SortPairs(cub_temp, bytes, positions, sorted_pos, iota, index,
+                                              items, s.num_segments, offsets, offsets + 1, stream);
+    if (err != cudaSuccess) return err;
+    PoolKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, scores, index, s.pooling,
+                                                        s.pool_kernel, ordered, pooled);
+    scores = pooled;
+  }
+  KeyKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, scores, positions, protect, keys_in);
+  bytes = cub_bytes;
+  err = cub::DeviceSegmentedSort::SortPairsDescending(cub_temp, bytes, keys_in, keys_out, iota,
+                                                      index, items, s.num_segments, offsets,
+                                                      offsets + 1, stream);
+  if (err != cudaSuccess) return err;
+  MarkKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, keys_out, index, k, keep);
+  return cudaGetLastError();
+}
+
+template <int THREADS, int ITEMS>
+cudaError_t LaunchBlockTopK(const int32_t* offsets, const float* scores, const int32_t* positions,
+                            const uint8_t* protect, const int32_t* k, const SegmentedTopKShape& s,
+                            uint8_t* keep, cudaStream_t stream) {
+  BlockTopKKernel<THREADS, ITEMS><<<s.num_segments, THREADS, 0, stream>>>(
+      offsets, scores, positions, protect, k, s.pooling, s.pool_kernel, keep);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t SegmentedTopK(void* temp, size_t* temp_bytes, const int32_t* offsets,
+                          const float* scores, const int32_t* positions, const uint8_t* protect,
+                          const int32_t* k, const SegmentedTopKShape& s, TopKAlgorithm algorithm,
+                          uint8_t* keep, cudaStream_t stream) {
+  if (temp_bytes == nullptr || s.num_segments < 0 || s.num_items < 0 || s.max_segment_len < 0 ||
+      s.pool_kernel < 1 || s.pool_kernel % 2 == 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (s.pooling != TopKPooling::kNone && s.pooling != TopKPooling::kMax &&
+      s.pooling != TopKPooling::kAvg) {
+    return cudaErrorInvalidValue;
+  }
+  if (algorithm == TopKAlgorithm::kAuto) {
+    algorithm = s.max_segment_len <= kMaxBlockTopKSegment ? TopKAlgorithm::kBlockRadixSort
+                                                          : TopKAlgorithm::kSegmentedSort;
+  }
+  if (algorithm == TopKAlgorithm::kSegmentedSort) {
+    return SegmentedSortTopK(temp, temp_bytes, offsets, scores, positions, protect, k, s, keep,
+                             stream);
+  }
+  if (algorithm != TopKAlgorithm::kBlockRadixSort || s.max_segment_len > kMaxBlockTopKSegment) {
+    return cudaErrorInvalidValue;
+  }
+  if (temp == nullptr) {
+    *temp_bytes = 16;  // the block path needs no scratch
+    return cudaSuccess;
+  }
+  if (s.num_segments == 0) return cudaSuccess;
+  // DISPATCH: the segment bound -> tile shape (threads x items per thread).
+  const int32_t m = s.max_segment_len;
+  if (m <= 256)
+    return LaunchBlockTopK<128, 2>(offsets, scores, positions, protect, k, s, keep, stream);
+  if (m <= 1024)
+    return LaunchBlockTopK<256, 4>(offsets, scores, positions, protect, k, s, keep, stream);
+  if (m <= 2304)
+    return LaunchBlockTopK<256, 9>(offsets, scores, positions, protect, k, s, keep, stream);
+  return LaunchBlockTopK<512, 8>(offsets, scores, positions, protect, k, s, keep, stream);
+}
+
+}  // namespace beaconkv::kernels

@@ -1,0 +1,132 @@
+// The bandwidth-oriented paged decode attention (one read of K/V per GQA group, fp32/bf16/fp16
+// storage, split-KV) against the unchanged CPU twin, fed the cache rounded to the storage
+// type. Skips where no GPU is present.
+#include "kernels/paged_attention_gqa.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace beaconkv::kernels {
+namespace {
+
+using gpu_test::DeviceBuffer;
+using gpu_test::HaveGpu;
+using gpu_test::ToHost;
+
+// Rounds x to the storage type in place; returns the stored bytes.
+std::vector<uint8_t> Store(std::vector<float>& x, KvDtype dtype) {
+  std::vector<uint8_t> bytes;
+  auto put = [&](const void* p, size_t n) {
+    const uint8_t* b = static_cast<const uint8_t*>(p);
+    bytes.insert(bytes.end(), b, b + n);
+  };
+  for (float& v : x) {
+    if (dtype == KvDtype::kFloat32) {
+      put(&v, 4);
+    } else if (dtype == KvDtype::kBFloat16) {
+      const __nv_bfloat16 h = __float2bfloat16_rn(v);
+      v = __bfloat162float(h);
+      put(&h, 2);
+    } else {
+      const __half h = __float2half_rn(v);
+      v = __half2float(h);
+      put(&h, 2);
+    }
+  }
+  return bytes;
+}
+
+// (head_dim, block_size, group, dtype, splits)
+using Param = std::tuple<int, int, int, KvDtype, int>;
+class PagedAttentionGqaGpuTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(PagedAttentionGqaGpuTest, MatchesTheCpuTwin) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const auto [d, bs, group, dtype, splits] = GetParam();
+  const uint32_t seed = d * 10007 + bs * 101 + group * 7 + static_cast<int>(dtype) * 3 + splits;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  PagedAttentionShape s;
+  s.rows = 3;
+  s.num_kv_heads = 2;
+  s.num_heads = 2 * group;
+  s.head_dim = d;
+  s.block_size = bs;
+  const std::vector<int32_t> lengths = {1, 17, 3, 100, 0, 257};  // [rows, kv_heads]
+  for (int32_t n : lengths) s.max_blocks = std::max(s.max_blocks, (n + bs - 1) / bs);
+  int32_t total_blocks = 1;
+  for (int32_t n : lengths) total_blocks += (n + bs - 1) / bs;
+  std::vector<int32_t> ids(total_blocks - 1);
+  std::iota(ids.begin(), ids.end(), 1);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> tables(lengths.size() * s.max_blocks, 0);
+  for (size_t h = 0, next = 0; h < lengths.size(); ++h)
+    for (int32_t b = 0; b < (lengths[h] + bs - 1) / bs; ++b)
+      tables[h * s.max_blocks + b] = ids[next++];
+  std::vector<float> k(int64_t{total_blocks} * bs * d), v(k.size()),
+      q(int64_t{s.rows} * s.num_heads * d);
+  for (float& x : k) x = nd(rng);
+  for (float& x : v) x = nd(rng);
+  for (float& x : q) x = nd(rng);
+  const std::vector<uint8_t> k_bytes = Store(k, dtype), v_bytes = Store(v, dtype);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<float> want(q.size());
+  PagedDecodeAttentionCpu(q.data(), k.data(), v.data(), tables.data(), lengths.data(), s, scale,
+                          want.data(), 1);
+
+  DeviceBuffer dq(q), dk(k_bytes), dv(v_bytes), dt(tables), dl(lengths),
+      dout(want.size() * sizeof(float));
+  size_t bytes = 0;
+  ASSERT_EQ(PagedDecodeAttentionGqa(nullptr, &bytes, dq.as<float>(), dk.as<void>(), dv.as<void>(),
+                                    dtype, dt.as<int32_t>(), dl.as<int32_t>(), s, scale, splits,
+                                    dout.as<float>(), nullptr),
+            cudaSuccess);
+  DeviceBuffer work(bytes);
+  ASSERT_EQ(cudaMemset(dout.as<float>(), 0xff, want.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(PagedDecodeAttentionGqa(work.as<void>(), &bytes, dq.as<float>(), dk.as<void>(),
+                                    dv.as<void>(), dtype, dt.as<int32_t>(), dl.as<int32_t>(), s,
+                                    scale, splits, dout.as<float>(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = ToHost(dout.as<float>(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-5f) << "element " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionGqaGpuTest,
+                         ::testing::Combine(::testing::Values(64, 128), ::testing::Values(1, 8, 16),
+                                            ::testing::Values(1, 4, 8),
+                                            ::testing::Values(KvDtype::kFloat32, KvDtype::kBFloat16,
+                                                              KvDtype::kFloat16),
+                                            ::testing::Values(1, 3)));
+
+// Host-side checks: these run without a GPU.
+TEST(PagedAttentionGqaArgsTest, UnsupportedShapesAreErrorsAndSplitsAreBounded) {
+  size_t bytes = 0;
+  PagedAttentionShape s{1, 12, 4, 128, 16, 1};  // group 3
+  EXPECT_EQ(PagedDecodeAttentionGqa(nullptr, &bytes, nullptr, nullptr, nullptr, KvDtype::kBFloat16,
+                                    nullptr, nullptr, s, 1.0f, 1, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  s = {1, 8, 8, 96, 16, 1};  // head_dim 96
+  EXPECT_EQ(PagedDecodeAttentionGqa(nullptr, &bytes, nullptr, nullptr, nullptr, KvDtype::kFloat32,
+                                    nullptr, nullptr, s, 1.0f, 1, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  s = {1, 32, 8, 128, 16, 136};           // 2,176 tokens, 8 blocks of work
+  EXPECT_EQ(ChooseNumSplits(s, 132), 9);  // ceil(2 * 132 / 8) = 33 capped at 2176 / 256
+  s.rows = 256;
+  EXPECT_EQ(ChooseNumSplits(s, 132), 1);
+}
+
+}  // namespace
+}  // namespace beaconkv::kernels

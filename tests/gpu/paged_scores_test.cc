@@ -1,0 +1,116 @@
+// CUDA attention scores over paged keys against the CPU twin (core AttentionScores).
+// Skips where no GPU is present.
+#include "kernels/paged_scores.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace beaconkv::kernels {
+namespace {
+
+using gpu_test::DeviceBuffer;
+using gpu_test::HaveGpu;
+using gpu_test::ToHost;
+
+// (head_dim, block_size, group_size, gqa, query)
+using Param = std::tuple<int, int, int, ScoreGqa, ScoreQuery>;
+class PagedScoresGpuTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(PagedScoresGpuTest, MatchesTheCpuTwin) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const auto [d, bs, group, gqa, query] = GetParam();
+  const uint32_t seed =
+      d * 1009 + bs * 101 + group * 7 + static_cast<int>(gqa) * 3 + static_cast<int>(query);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  // Tables: lengths of the heads; heads score a subset of tables in a scrambled order, and
+  // query counts cover 0, 1, one chunk and several chunks of 64 rows.
+  const std::vector<int32_t> lengths = {1, 17, 0, 130, 2176, 64, 65, 5};
+  const std::vector<int32_t> table_of_head = {4, 0, 1, 3, 2, 6, 7};
+  const std::vector<int32_t> num_queries = {70, 1, 3, 0, 2, 129, 9};
+  PagedScoresShape s;
+  s.num_heads = static_cast<int32_t>(table_of_head.size());
+  s.head_dim = d;
+  s.block_size = bs;
+  s.group_size = group;
+  s.gqa = gqa;
+  s.query = query;
+  for (int32_t n : lengths) s.max_blocks = std::max(s.max_blocks, (n + bs - 1) / bs);
+  int32_t total_blocks = 1;
+  for (int32_t n : lengths) total_blocks += (n + bs - 1) / bs;
+  std::vector<int32_t> ids(total_blocks - 1);
+  std::iota(ids.begin(), ids.end(), 1);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> tables(lengths.size() * std::max(s.max_blocks, 1), 0);
+  for (size_t t = 0, next = 0; t < lengths.size(); ++t)
+    for (int32_t b = 0; b < (lengths[t] + bs - 1) / bs; ++b)
+      tables[t * s.max_blocks + b] = ids[next++];
+  // Keys scaled so that softmaxes are peaked for some rows and flat for others.
+  std::vector<float> k(int64_t{total_blocks} * bs * d);
+  for (float& x : k) x = 2.0f * nd(rng);
+  std::vector<int32_t> query_offsets = {0}, score_offsets = {0};
+  for (size_t h = 0; h < table_of_head.size(); ++h) {
+    query_offsets.push_back(query_offsets.back() + num_queries[h]);
+    score_offsets.push_back(score_offsets.back() + lengths[table_of_head[h]]);
+  }
+  std::vector<float> q(int64_t{query_offsets.back()} * group * d);
+  for (float& x : q) x = nd(rng);
+  std::vector<float> want(score_offsets.back(), -1.0f);
+  PagedAttentionScoresCpu(k.data(), tables.data(), lengths.data(), table_of_head.data(), q.data(),
+                          query_offsets.data(), score_offsets.data(), s, want.data());
+
+  DeviceBuffer dk(k), dt(tables), dl(lengths), dh(table_of_head), dq(q), dqo(query_offsets),
+      dso(score_offsets), dout(want.size() * sizeof(float));
+  ASSERT_EQ(cudaMemset(dout.as<float>(), 0xff, want.size() * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(PagedAttentionScores(dk.as<float>(), dt.as<int32_t>(), dl.as<int32_t>(),
+                                 dh.as<int32_t>(), dq.as<float>(), dqo.as<int32_t>(),
+                                 dso.as<int32_t>(), s, dout.as<float>(), nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = ToHost(dout.as<float>(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-6f + 2e-4f * std::abs(want[i])) << "score " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PagedScoresGpuTest,
+    ::testing::Combine(::testing::Values(64, 128), ::testing::Values(1, 8, 16),
+                       ::testing::Values(1, 4, 8),
+                       ::testing::Values(ScoreGqa::kMaxProbs, ScoreGqa::kMeanProbs),
+                       ::testing::Values(ScoreQuery::kMax, ScoreQuery::kMean, ScoreQuery::kSum)));
+
+// Argument checks happen on the host before any CUDA call: these run without a GPU.
+TEST(PagedScoresArgsTest, UnsupportedShapesAreErrors) {
+  PagedScoresShape s;
+  s.num_heads = 1;
+  s.block_size = 16;
+  s.max_blocks = 1;
+  s.head_dim = 48;
+  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s,
+                                 nullptr, nullptr),
+            cudaErrorInvalidValue);
+  s.head_dim = 128;
+  s.gqa = ScoreGqa::kMaxLogits;
+  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s,
+                                 nullptr, nullptr),
+            cudaErrorInvalidValue);
+  s.gqa = ScoreGqa::kMaxProbs;
+  s.group_size = 65;
+  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s,
+                                 nullptr, nullptr),
+            cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace beaconkv::kernels

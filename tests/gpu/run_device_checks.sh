@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Device checks, prepared for a lent GPU machine (docs/gpu.md): build with CUDA, run the GPU
+# tests, the device benchmark, then a short time-boxed compute-sanitizer pass. One call does
+# all of it in under 8 minutes on an H200. Writes into $OUT (default build/device_out):
+#   gpu_summary.txt  what ran and what it printed, in short
+#   gpu_tests.log    the GoogleTest and compute-sanitizer output
+#   gpu_results.json the benchmark figures (kernels/gpu_bench.cu)
+#   build.log        configure and build output
+# Without a GPU (no nvidia-smi, or it lists no device) it builds and stops with a message.
+# Environment: OUT, BUILD_DIR (default build/device), CUDA_ARCHS (default 90), JOBS,
+# PREBUILT (default .gpu_prebuilt): GPU test binaries packed by `--pack DIR` on a machine with
+# the C++ dependencies, run when they cannot be built here (see docs/gpu.md).
+set -uo pipefail
+
+# --pack DIR: copy the built GPU test binaries and the shared libraries they need (beyond
+# the C and C++ runtimes) into DIR, to be carried to a machine without absl/GTest/CBLAS.
+if [ "${1:-}" = "--pack" ]; then
+  dir=${2:?usage: run_device_checks.sh --pack DIR}
+  build=${BUILD_DIR:-build/gpu}
+  mkdir -p "$dir/lib"
+  for t in "$build"/kernels/gpu_*_test; do
+    cp "$t" "$dir/"
+    ldd "$t" | awk '/=> \// {print $3}' |
+      grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
+      xargs -r -I{} cp -L {} "$dir/lib/"
+  done
+  du -sh "$dir"
+  exit 0
+fi
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$ROOT/build/device_out}
+BUILD=${BUILD_DIR:-$ROOT/build/device}
+ARCHS=${CUDA_ARCHS:-90}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT" "$BUILD"
+SUMMARY=$OUT/gpu_summary.txt
+TESTLOG=$OUT/gpu_tests.log
+BUILDLOG=$OUT/build.log
+: >"$SUMMARY"
+: >"$TESTLOG"
+: >"$BUILDLOG"
+log() { echo "$*" | tee -a "$SUMMARY"; }
+status=0
+
+log "== BeaconKV device checks, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+have_gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  have_gpu=1
+  nvidia-smi -L | tee -a "$SUMMARY"
+else
+  log "nvidia-smi is missing or lists no GPU: building only; the GPU tests and the benchmark are skipped."
+fi
+command -v nvcc >/dev/null 2>&1 || { log "nvcc not found: cannot build the CUDA kernels."; exit 1; }
+
+# 1. Build. The full CMake build needs absl, GoogleTest and a CBLAS (the CPU twins use core/);
+#    without them only the benchmark is built, straight from the .cu files with nvcc.
+generator=()
+if [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
+  generator=(-G Ninja)
+fi
+tests=()
+bench=""
+if cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DBEACONKV_CUDA=ON \
+     -DBEACONKV_TESTS=ON -DBEACONKV_BENCH=ON -DBEACONKV_WERROR=ON \
+     -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" >>"$BUILDLOG" 2>&1; then
+  targets=(beaconkv_gpu_bench)
+  for src in "$ROOT"/tests/gpu/*_test.cc; do
+    name=gpu_$(basename "$src" .cc)
+    targets+=("$name")
+    tests+=("$BUILD/kernels/$name")
+  done
+  if cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >>"$BUILDLOG" 2>&1; then
+    log "build: CMake, CUDA architectures $ARCHS: ${targets[*]}"
+    bench=$BUILD/kernels/beaconkv_gpu_bench
+  else
+    log "build FAILED (see build.log):"
+    tail -n 30 "$BUILDLOG" | tee -a "$SUMMARY"
+    exit 1
+  fi
+else
+  log "CMake configure failed (absl, GoogleTest or CBLAS missing?): GPU tests NOT built; see build.log."
+  tail -n 5 "$BUILDLOG" | tee -a "$SUMMARY"
+  arch_flags=()
+  for a in ${ARCHS//;/ }; do arch_flags+=(-gencode "arch=compute_$a,code=sm_$a"); done
+  # One nvcc per file, in parallel, then one link.
+  objs=()
+  pids=()
+  for f in gpu_bench cache_ops compaction_moves paged_attention paged_attention_gqa paged_scores \
+           rope_rotate segmented_topk; do
+    (cd "$ROOT" && nvcc -std=c++17 -O3 "${arch_flags[@]}" -I. -c "kernels/$f.cu" \
+       -o "$BUILD/$f.o") >>"$BUILDLOG" 2>&1 &
+    pids+=($!)
+    objs+=("$BUILD/$f.o")
+  done
+  compiled=1
+  for p in "${pids[@]}"; do wait "$p" || compiled=0; done
+  if [ "$compiled" = 1 ] && nvcc "${arch_flags[@]}" -o "$BUILD/beaconkv_gpu_bench" "${objs[@]}" \
+       >>"$BUILDLOG" 2>&1; then
+    log "build: benchmark only, with nvcc directly"
+    bench=$BUILD/beaconkv_gpu_bench
+  else
+    log "benchmark build FAILED (see build.log)"
+    exit 1
+  fi
+  prebuilt=${PREBUILT:-$ROOT/.gpu_prebuilt}
+  if ls "$prebuilt"/gpu_*_test >/dev/null 2>&1; then
+    export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    tests=("$prebuilt"/gpu_*_test)
+    log "tests: running the prebuilt binaries in $prebuilt"
+  fi
+fi
+
+if [ "$have_gpu" = 0 ]; then
+  log "no GPU: stopping after the build."
+  exit 0
+fi
+
+# 2. GPU tests.
+if [ "${#tests[@]}" -gt 0 ]; then
+  passed=0
+  failed=0
+  for t in "${tests[@]}"; do
+    if timeout 240 "$t" --gtest_brief=1 >>"$TESTLOG" 2>&1; then
+      passed=$((passed + 1))
+      log "test PASS $(basename "$t")"
+    else
+      failed=$((failed + 1))
+      status=1
+      log "test FAIL $(basename "$t") (see gpu_tests.log)"
+    fi
+  done
+  log "tests: $passed binaries passed, $failed failed"
+  grep -E "^\[  FAILED  \]" "$TESTLOG" | head -n 20 | tee -a "$SUMMARY"
+else
+  log "tests: not built (see above)"
+fi
+
+# 3. Benchmark.
+if timeout 300 "$bench" --json "$OUT/gpu_results.json" 2>&1 | tee -a "$SUMMARY"; then
+  log "benchmark: done, figures in gpu_results.json"
+else
+  status=1
+  log "benchmark FAILED"
+fi
+
+# 4. A short compute-sanitizer pass over a few parameter sets: memcheck on the new kernels,
+#    racecheck on the two that share memory between threads. Time-boxed: a run is skipped
+#    once the script has used SANITIZE_UNTIL seconds (default 400), so the whole call stays
+#    under 8 minutes.
+until_s=${SANITIZE_UNTIL:-400}
+if [ "${#tests[@]}" -gt 0 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+  test_dir=$(dirname "${tests[0]}")
+  # GoogleTest filters know only * and ?; instance numbers follow the Combine() order.
+  san() {  # tool binary filter
+    if [ "$SECONDS" -ge "$until_s" ]; then
+      log "sanitizer $1 skipped (time box): $2 ($3)"
+      return
+    fi
+    timeout 60 compute-sanitizer --tool "$1" --error-exitcode 9 "$test_dir/$2" \
+      --gtest_brief=1 --gtest_filter="$3" >>"$TESTLOG" 2>&1
+    case $? in
+      0) log "sanitizer $1 clean: $2 ($3)" ;;
+      124) log "sanitizer $1 timed out after 60 s (no verdict): $2 ($3)" ;;
+      *)
+        status=1
+        log "sanitizer $1 REPORTED ERRORS: $2 ($3) (see gpu_tests.log)"
+        ;;
+    esac
+  }
+  san memcheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/4?:SegmentedTopKGpuLongTest.*'
+  san memcheck gpu_rope_append_test '*'
+  san memcheck gpu_compaction_moves_test 'Shapes/CompactionMovesGpuTest.*/4'
+  san racecheck gpu_compaction_moves_test 'Shapes/CompactionMovesGpuTest.*/4'
+  san memcheck gpu_paged_attention_gqa_test 'Shapes/PagedAttentionGqaGpuTest.*/1?'
+  san memcheck gpu_paged_scores_test 'Shapes/PagedScoresGpuTest.*/1?'
+  san racecheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/40:Shapes/SegmentedTopKGpuTest.*/41'
+  san racecheck gpu_paged_attention_gqa_test 'Shapes/PagedAttentionGqaGpuTest.*/10:Shapes/PagedAttentionGqaGpuTest.*/13'
+  san racecheck gpu_paged_scores_test 'Shapes/PagedScoresGpuTest.*/1'
+else
+  log "sanitizer pass skipped (no test binaries or no compute-sanitizer)"
+fi
+log "== exit status $status, ${SECONDS} s"
+exit $status
