@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 PY=${PYTHON:-python3}
 
-echo "== C++ build (release, warnings as errors, CUDA if nvcc is found) =="
-cmake -S . -B build/test -DCMAKE_BUILD_TYPE=Release -DBEACONKV_WERROR=ON >/dev/null
+echo "== C++ build (release, warnings as errors, CUDA for sm_80 + sm_90 if nvcc is found) =="
+cmake -S . -B build/test -DCMAKE_BUILD_TYPE=Release -DBEACONKV_WERROR=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="80;90" >/dev/null
 cmake --build build/test -j"$JOBS"
 echo "== ctest =="
 ctest --test-dir build/test --output-on-failure -j"$JOBS"
