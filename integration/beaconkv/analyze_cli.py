@@ -72,7 +72,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     split_path = resolve_split(args.model, args.split)
     policies = args.policies or default_policies()
-    from .evaluate import parse_knobs
+    from .validate import parse_knobs
 
     knobs = parse_knobs(args.knob)
     if args.replay:

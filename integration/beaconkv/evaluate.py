@@ -35,28 +35,14 @@ def resolve_split(model_dir: str, split: str) -> str:
 
 def load_problems(model_dir: str, split: str, num: int | None = None) -> list[dict]:
     """The first `num` problems (all when None) of a split name or .jsonl path."""
+    if num is not None and num < 1:
+        raise ValueError(f"num must be >= 1 (or None for the whole split), got {num}")
     problems = read_split(resolve_split(model_dir, split))
     if num is not None:
         problems = problems[:num]
     if not problems:
         raise ValueError(f"split {split!r}: no problems to evaluate")
     return problems
-
-
-def parse_knobs(items: list[str] | None) -> dict:
-    """['n_beacons=8', 'pooling=max'] -> {'n_beacons': 8, 'pooling': 'max'} (JSON values)."""
-    import json
-
-    knobs = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--knob {item!r}: expected NAME=VALUE")
-        try:
-            knobs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            knobs[key] = value
-    return knobs
 
 
 @dataclass

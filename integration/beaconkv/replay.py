@@ -46,7 +46,7 @@ def parse_policy_spec(spec: str) -> tuple[str, dict]:
     'beacon' -> ('beacon', {}); 'beacon-pooled' -> ('beacon', {'budget_mode': 'pooled'});
     'beacon:n_recent=32,protect_prompt=false' -> ('beacon', {'n_recent': 32,
     'protect_prompt': False}). Values are JSON where they parse as JSON, else strings."""
-    from .evaluate import parse_knobs
+    from .validate import parse_knobs
 
     name, sep, knob_text = spec.partition(":")
     extra = {}

@@ -213,6 +213,8 @@ def format_report(r: dict) -> str:
 
 def add_bench_parser(sub, default_model: str) -> None:
     """`beaconkv bench throughput ...`."""
+    from .validate import float_arg, int_arg
+
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     t = bsub.add_parser(
@@ -220,26 +222,31 @@ def add_bench_parser(sub, default_model: str) -> None:
         description=__doc__.split("\n\n")[0])
     d = ThroughputConfig(model="", num_prompts=0, kv_blocks=0)
     t.add_argument("--model", default=default_model, help="HF-style model directory")
-    t.add_argument("--num-prompts", type=int, default=64, help="requests, all queued at once")
-    t.add_argument("--kv-blocks", type=int, required=True,
+    t.add_argument("--num-prompts", type=int_arg(1), default=64,
+                   help="requests, all queued at once")
+    t.add_argument("--kv-blocks", type=int_arg(2), required=True,
                    help="device pool size in blocks (one block: block-size tokens of one head)")
     t.add_argument("--policy", default=d.policy, help="eviction policy name")
-    t.add_argument("--budget", type=int, default=None, help="KV tokens kept per head")
+    t.add_argument("--budget", type=int_arg(1), default=None, help="KV tokens kept per head")
     t.add_argument("--knob", action="append", metavar="NAME=VALUE",
                    help="override a policy knob (repeatable), e.g. --knob interval=32")
     t.add_argument("--dataset", choices=["reasoning", "random"], default=d.dataset,
                    help="reasoning: the tiny reasoner's task, full traces, answers checked; "
                         "random: random prompts, fixed output lengths, eos ignored")
-    t.add_argument("--input-len", type=int, default=d.input_len, help="random: prompt tokens")
-    t.add_argument("--output-len", type=int, default=d.output_len, help="random: output tokens")
-    t.add_argument("--random-range-ratio", type=float, default=d.random_range_ratio,
+    t.add_argument("--input-len", type=int_arg(1), default=d.input_len,
+                   help="random: prompt tokens")
+    t.add_argument("--output-len", type=int_arg(1), default=d.output_len,
+                   help="random: output tokens")
+    t.add_argument("--random-range-ratio", type=float_arg(0.0, 0.999),
+                   default=d.random_range_ratio,
                    help="random: lengths drawn uniformly from [L*(1-r), L*(1+r)]")
     t.add_argument("--preemption", choices=["recompute", "swap"], default=d.preemption)
-    t.add_argument("--seed", type=int, default=d.seed, help="dataset seed")
-    t.add_argument("--block-size", type=int, default=d.block_size)
-    t.add_argument("--max-batch", type=int, default=d.max_batch,
+    t.add_argument("--seed", type=int_arg(0), default=d.seed, help="dataset seed")
+    t.add_argument("--block-size", type=int_arg(1), default=d.block_size)
+    t.add_argument("--max-batch", type=int_arg(1), default=d.max_batch,
                    help="most sequences running at once (vLLM's max_num_seqs)")
-    t.add_argument("--num-threads", type=int, default=d.num_threads, help="compute threads")
+    t.add_argument("--num-threads", type=int_arg(1), default=d.num_threads,
+                   help="compute threads")
     t.add_argument("--batch-invariant", action="store_true",
                    help="fixed-order dot products instead of GEMMs (slower; a sequence's "
                         "tokens do not depend on its batch)")
@@ -248,11 +255,12 @@ def add_bench_parser(sub, default_model: str) -> None:
 
 
 def _cmd_bench_throughput(args) -> int:
-    from .evaluate import parse_knobs
+    from .validate import merge_budget, parse_knobs
 
+    budget, knobs = merge_budget(args.budget, parse_knobs(args.knob))
     cfg = ThroughputConfig(
         model=args.model, num_prompts=args.num_prompts, kv_blocks=args.kv_blocks,
-        policy=args.policy, budget=args.budget, knobs=parse_knobs(args.knob),
+        policy=args.policy, budget=budget, knobs=knobs,
         dataset=args.dataset, input_len=args.input_len, output_len=args.output_len,
         random_range_ratio=args.random_range_ratio, preemption=args.preemption, seed=args.seed,
         block_size=args.block_size, max_batch=args.max_batch, num_threads=args.num_threads,

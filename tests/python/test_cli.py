@@ -81,3 +81,10 @@ def test_eval_counts_requests_that_ran_out_of_memory(tmp_path):
     assert json.loads(out.read_text())["out_of_memory"] == 2
     forced = cli("eval", "--model", MODEL, "--num", "1", "--kv-blocks", "50", "--teacher-forced")
     assert forced.returncode == 1 and "ran out of KV memory" in forced.stderr
+
+
+def test_evaluate_refuses_a_non_positive_problem_count():
+    from beaconkv.evaluate import load_problems
+
+    with pytest.raises(ValueError, match="num must be >= 1"):
+        load_problems(MODEL, "dev", num=-5)
