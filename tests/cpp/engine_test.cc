@@ -7,46 +7,12 @@
 #include <map>
 #include <random>
 
+#include "tests/cpp/random_model.h"
+
 namespace beaconkv {
 namespace {
 
-ModelWeights RandomModel(uint32_t seed) {
-  ModelWeights w;
-  ModelConfig& c = w.config;
-  c.vocab_size = 23;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.rope_theta = 10000.0f;
-  c.rms_norm_eps = 1e-5f;
-  c.max_position_embeddings = 512;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.0f, 0.5f);
-  auto fill = [&](std::vector<float>& v, size_t size) {
-    v.resize(size);
-    for (float& x : v) x = n(rng);
-  };
-  auto ones = [](std::vector<float>& v, size_t size) { v.assign(size, 1.0f); };
-  fill(w.embed, c.vocab_size * c.hidden_size);
-  w.layers.resize(c.num_layers);
-  for (LayerWeights& l : w.layers) {
-    ones(l.input_norm, c.hidden_size);
-    ones(l.post_norm, c.hidden_size);
-    fill(l.q_proj, c.num_heads * c.head_dim * c.hidden_size);
-    fill(l.k_proj, c.num_kv_heads * c.head_dim * c.hidden_size);
-    fill(l.v_proj, c.num_kv_heads * c.head_dim * c.hidden_size);
-    fill(l.o_proj, c.hidden_size * c.num_heads * c.head_dim);
-    fill(l.gate_proj, c.intermediate_size * c.hidden_size);
-    fill(l.up_proj, c.intermediate_size * c.hidden_size);
-    fill(l.down_proj, c.hidden_size * c.intermediate_size);
-  }
-  ones(w.final_norm, c.hidden_size);
-  fill(w.lm_head, c.vocab_size * c.hidden_size);
-  return w;
-}
+using test_model::RandomModel;
 
 std::vector<std::vector<int32_t>> Prompts() {
   return {{1, 5, 7, 9, 2, 4}, {3, 3, 8}, {11, 12, 13, 14, 15, 16, 17, 18, 19}, {6}, {20, 21}};
