@@ -116,7 +116,7 @@ def render(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from beaconkv.evaluate import parse_knobs
+    from beaconkv.validate import parse_knobs
 
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -58,7 +58,7 @@ _FULL_TF: dict = {}  # the full-cache teacher-forced run, shared by every policy
 
 
 def run_one(args: argparse.Namespace, spec: str, budget: int | None, mode: str) -> dict:
-    from beaconkv.evaluate import parse_knobs
+    from beaconkv.validate import parse_knobs
     from beaconkv.evaluate import evaluate, evaluate_teacher_forced
     from beaconkv.replay import resolve_policy
 

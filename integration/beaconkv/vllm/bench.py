@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.policy == "stock":
         os.environ.pop("BEACONKV_VLLM_CONFIG", None)
     else:
-        from beaconkv.evaluate import parse_knobs
+        from beaconkv.validate import parse_knobs
 
         from . import config
 

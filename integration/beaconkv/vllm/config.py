@@ -37,7 +37,7 @@ class VllmConfig:
 
 def parse(text: str) -> VllmConfig:
     """A config from JSON text; ValueError on anything it does not understand."""
-    from beaconkv.evaluate import parse_knobs
+    from beaconkv.validate import parse_knobs
 
     try:
         data = json.loads(text)
