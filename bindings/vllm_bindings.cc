@@ -33,6 +33,7 @@ namespace {
 
 using py_util::Check;
 using py_util::Unwrap;
+using py_util::WithoutGil;
 using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
@@ -106,8 +107,7 @@ class VllmKvCache {
     const KvShape& s = shape();
     int64_t evicted = 0, freed = 0, compressions = 0;
     std::vector<HeadKeepSet> applied;  // every keep-set, in the order applied
-    {
-      py::gil_scoped_release release;
+    Check(WithoutGil([&]() -> absl::Status {
       std::vector<int32_t> tokens(s.num_kv_heads);
       std::vector<std::vector<float>> keys(s.num_kv_heads);
       std::vector<std::vector<int32_t>> positions(s.num_kv_heads);
@@ -121,25 +121,20 @@ class VllmKvCache {
           heads[h] = GatherKeys(id, l, h, &keys[h], &positions[h]);
         absl::StatusOr<std::vector<HeadKeepSet>> sets =
             pol.Compress(l, heads, due, current_position);
-        if (!sets.ok()) {
-          py::gil_scoped_acquire acquire;
-          Check(sets.status());
-        }
+        if (!sets.ok()) return sets.status();
         std::vector<KeepSet> keep;
         for (HeadKeepSet& k : *sets) {
           applied.push_back({k.layer, k.kv_head, k.slots});
           keep.push_back({k.layer, k.kv_head, std::move(k.slots)});
         }
         absl::StatusOr<CompactionPlan> plan = manager_->ApplyKeepSets(id, keep);
-        if (!plan.ok()) {
-          py::gil_scoped_acquire acquire;
-          Check(plan.status());
-        }
+        if (!plan.ok()) return plan.status();
         evicted += plan->tokens_evicted;
         freed += plan->blocks_freed;
         ++compressions;
       }
-    }
+      return absl::OkStatus();
+    }));
     py::dict out;
     out["tokens_evicted"] = evicted;
     out["blocks_freed"] = freed;
@@ -183,9 +178,7 @@ class VllmKvCache {
     const float* kp = k.data();
     const float* vp = v.data();
     float* op = out.mutable_data();
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
+    Check(WithoutGil([&]() -> absl::Status {
       // Decode rows go through the paged kernel together; longer rows one by one.
       std::vector<int64_t> decode_rows, decode_tokens;
       int32_t max_blocks = 1;
@@ -230,9 +223,8 @@ class VllmKvCache {
                       op + decode_tokens[i] * num_heads_ * d);
         }
       }
-      if (observe_) status = ObserveStep(layer, seq_ids, query_lens, qp);
-    }
-    Check(status);
+      return observe_ ? ObserveStep(layer, seq_ids, query_lens, qp) : absl::OkStatus();
+    }));
   }
 
   // Keys [n, head_dim] and positions [n] of one head, slot order (the policy's input).
@@ -262,11 +254,8 @@ class VllmKvCache {
                          const std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>>& keep) {
     std::vector<KeepSet> sets;
     for (const auto& [head, slots] : keep) sets.push_back({head.first, head.second, slots});
-    CompactionPlan plan;
-    {
-      py::gil_scoped_release release;
-      plan = Unwrap(manager_->ApplyKeepSets(id, sets));
-    }
+    const CompactionPlan plan =
+        Unwrap(WithoutGil([&] { return manager_->ApplyKeepSets(id, sets); }));
     py::dict out;
     out["tokens_evicted"] = plan.tokens_evicted;
     out["blocks_freed"] = plan.blocks_freed;
