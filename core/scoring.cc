@@ -63,6 +63,28 @@ BKV_MULTIVERSION float ExpShiftSum(float* x, int32_t n, float shift) {
   return sum;
 }
 
+// sum_i exp(x[i] - shift), x unchanged.
+BKV_MULTIVERSION float ExpShiftSumOnly(const float* x, int32_t n, float shift) {
+  float lanes[kLanes] = {};
+  int32_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int32_t l = 0; l < kLanes; ++l) lanes[l] += ExpApprox(x[i + l] - shift);
+  }
+  float sum = 0.0f;
+  for (; i < n; ++i) sum += ExpApprox(x[i] - shift);
+  for (float l : lanes) sum += l;
+  return sum;
+}
+
+// acc[i] = max(acc[i], x[i] - shift).
+BKV_MULTIVERSION void MaxShiftedInto(float* acc, const float* x, int32_t n, float shift) {
+  for (int32_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], x[i] - shift);
+}
+
+BKV_MULTIVERSION void ExpInPlace(float* x, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) x[i] = ExpApprox(x[i]);
+}
+
 BKV_MULTIVERSION void Scale(float* x, int32_t n, float s) {
   for (int32_t i = 0; i < n; ++i) x[i] *= s;
 }
@@ -158,6 +180,20 @@ void AttentionScores(const float* keys, int32_t begin, int32_t end, int32_t head
               1.0f / std::sqrt(static_cast<float>(head_dim)), queries, head_dim,
               keys + static_cast<size_t>(begin) * head_dim, head_dim, 0.0f, logits, n);
 
+  if (spec.query == QueryReduction::kMax &&
+      (group_size == 1 || spec.gqa == GqaReduction::kMaxProbs)) {
+    // max over every row of its softmax = exp(max over rows of (logit - logsumexp of the
+    // row)): one exp per element for the normaliser, none stored, and n exps at the end.
+    std::fill(out, out + n, -std::numeric_limits<float>::infinity());
+    for (int32_t r = 0; r < rows; ++r) {
+      const float* row = logits + static_cast<size_t>(r) * n;
+      const float m = MaxOf(row, n);
+      const float lse = m + std::log(ExpShiftSumOnly(row, n, m));
+      MaxShiftedInto(out, row, n, lse);
+    }
+    ExpInPlace(out, n);
+    return;
+  }
   float* red = scratch->row.data();
   for (int32_t q = 0; q < num_queries; ++q) {
     float* first = logits + static_cast<size_t>(q) * group_size * n;

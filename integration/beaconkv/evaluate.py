@@ -24,10 +24,10 @@ def make_policy(name: str, budget: int | None = None, **knobs):
 
 
 def resolve_split(model_dir: str, split: str) -> str:
-    if split in ("dev", "test"):
-        path = os.path.join(model_dir, "data", f"{split}.jsonl")
-    else:
-        path = split
+    """A split name (dev, test, heldout-<seed>: a file data/<name>.jsonl of the model) or a
+    .jsonl path."""
+    named = os.path.join(model_dir, "data", f"{split}.jsonl")
+    path = named if os.sep not in split and os.path.isfile(named) else split
     if not os.path.isfile(path):
         raise ValueError(f"split {split!r}: no such file {path}")
     return path

@@ -88,3 +88,15 @@ def test_evaluate_refuses_a_non_positive_problem_count():
 
     with pytest.raises(ValueError, match="num must be >= 1"):
         load_problems(MODEL, "dev", num=-5)
+
+
+def test_held_out_splits_load_by_name_and_are_new_problems():
+    from beaconkv.evaluate import load_problems
+
+    seen = {p["prompt"] for split in ("dev", "test") for p in load_problems(MODEL, split)}
+    for seed in (31337, 47711):
+        held = load_problems(MODEL, f"heldout-{seed}")
+        assert len(held) == 200 and all(p["id"].startswith(f"{seed}-") for p in held)
+        assert not seen & {p["prompt"] for p in held}
+    with pytest.raises(ValueError, match="no such file"):
+        load_problems(MODEL, "heldout-1")
