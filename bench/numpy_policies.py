@@ -119,77 +119,53 @@ def rope(x, position, theta):
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def quantise_unit(points):
-    """(norms, q): each row's norm and its unit vector as round(u * 2^14) (int64), as the core
-    stores buffered queries."""
-    p = np.asarray(points, np.float32)
-    sq = (p.astype(np.float64) ** 2).sum(axis=-1)
-    scale = np.where(sq > 0, 16384.0 / np.sqrt(np.where(sq > 0, sq, 1)), 0).astype(np.float32)
-    q = np.rint(p * scale[:, None]).astype(np.int64)
-    return np.sqrt(sq).astype(np.float32), q
-
-
-def fps_int(q, count):
-    """First `count` indexes of cosine farthest-point sampling over rounded unit vectors q
-    (ties -> earliest): cosines are exact integer dot products over 2^28, as in the core."""
-    def dist(v):  # 1 - cos of every row with the integer vector v, in float32
-        return np.float32(1) - (q @ v).astype(np.float32) * np.float32(2.0 ** -28)
-    total = q.sum(axis=0)
-    sq = float((total.astype(np.float64) ** 2).sum())
-    mean_q = np.rint(total * (16384.0 / np.sqrt(sq) if sq > 0 else 0.0)).astype(np.int64)
-    order = [int(np.argmax(dist(mean_q)))]
-    min_dist = dist(q[order[0]])
-    chosen = np.zeros(q.shape[0], bool)
+def fps_cosine(points, count):
+    """First `count` indexes of cosine farthest-point sampling (ties -> earliest)."""
+    norms = np.linalg.norm(points.astype(np.float64), axis=-1, keepdims=True)
+    unit = np.where(norms > 0, points / np.where(norms > 0, norms, 1), 0).astype(np.float32)
+    mean = unit.sum(axis=0)
+    mn = np.linalg.norm(mean.astype(np.float64))
+    mean_dir = (mean / mn if mn > 0 else mean).astype(np.float32)
+    order = [int(np.argmax(np.float32(1) - unit @ mean_dir))]
+    min_dist = np.float32(1) - unit @ unit[order[0]]
+    chosen = np.zeros(points.shape[0], bool)
     chosen[order[0]] = True
     while len(order) < count:
-        nxt = int(np.argmax(np.where(chosen, -np.inf, min_dist)))
+        d = np.where(chosen, -np.inf, min_dist)
+        nxt = int(np.argmax(d))
         order.append(nxt)
         chosen[nxt] = True
-        min_dist = np.minimum(min_dist, dist(q[nxt]))
+        min_dist = np.minimum(min_dist, np.float32(1) - unit @ unit[nxt])
     return np.array(order, dtype=np.int64)
 
 
-def fps_cosine(points, count):
-    """First `count` indexes of cosine farthest-point sampling of float points (ties ->
-    earliest), with unit vectors rounded as the core rounds them."""
-    return fps_int(quantise_unit(points)[1], count)
-
-
 class BeaconBuffer:
-    """The per-head pre-RoPE query buffer as the core keeps it: each query as its norm and
-    rounded unit vector; FPS to buffer_min at buffer_max and when beacons are drawn
-    (survivors kept in FPS order)."""
+    """The per-head pre-RoPE query buffer: append; FPS to buffer_min at buffer_max and when
+    beacons are drawn, survivors kept in FPS order; beacons are the first of them."""
 
     def __init__(self, head_dim, buffer_min=256, buffer_max=512):
-        self.norms = np.zeros(0, np.float32)
-        self.q = np.zeros((0, head_dim), np.int64)
+        self.buf = np.zeros((0, head_dim), np.float32)
         self.buffer_min, self.buffer_max = buffer_min, buffer_max
         self.ordered = False  # rows in FPS order (nothing appended since the last reduce)
 
     def append(self, q):
-        for row in np.asarray(q, np.float32).reshape(-1, self.q.shape[1]):
-            norm, qi = quantise_unit(row[None])
-            self.norms = np.concatenate([self.norms, norm])
-            self.q = np.vstack([self.q, qi])
+        for row in np.asarray(q, np.float32).reshape(-1, self.buf.shape[1]):
+            self.buf = np.vstack([self.buf, row[None]])
             self.ordered = False
-            if self.q.shape[0] == self.buffer_max:
+            if self.buf.shape[0] == self.buffer_max:
                 self.reduce()
 
     def reduce(self):
-        if self.q.shape[0] > self.buffer_min:
-            keep = fps_int(self.q, self.buffer_min)
-            self.norms, self.q = self.norms[keep], self.q[keep]
+        if self.buf.shape[0] > self.buffer_min:
+            self.buf = self.buf[fps_cosine(self.buf, self.buffer_min)]
             self.ordered = True
-
-    def stored(self, rows):
-        scale = (self.norms[rows] / np.float32(16384)).astype(np.float32)
-        return (self.q[rows].astype(np.float32) * scale[:, None]).astype(np.float32)
 
     def beacons(self, n_beacons, position, theta):
         self.reduce()
-        n = min(n_beacons, self.q.shape[0])
-        rows = np.arange(n) if self.ordered or n == self.q.shape[0] else fps_int(self.q, n)
-        return rope(self.stored(rows), position, theta)
+        n = min(n_beacons, self.buf.shape[0])
+        if self.ordered or n == self.buf.shape[0]:
+            return rope(self.buf[:n], position, theta)
+        return rope(self.buf[fps_cosine(self.buf, n)], position, theta)
 
 
 def beacon_scores(keys, recent_queries, beacons, pool_kernel=1):

@@ -97,30 +97,62 @@ TEST(CosineFpsTest, MatchesTheBruteForceDefinition) {
   }
 }
 
-// Every ISA path of the FPS pass computes exact integer dot products, so they must give the
+// Every ISA path of the FPS pass computes the same FMA chain per point, so they must give the
 // same ordering (also on clustered points with many near-ties), whatever the machine.
 TEST(CosineFpsTest, EveryKernelGivesTheSameOrdering) {
   std::mt19937 rng(9);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const auto& [n, d, count] : {std::tuple{512, 32, 256}, std::tuple{97, 7, 50},
                                     std::tuple{130, 128, 129}, std::tuple{3, 2, 3}}) {
     SCOPED_TRACE(::testing::Message() << "n " << n << " d " << d << " count " << count);
-    internal::PackedUnitVectors packed;
-    packed.Reset(d, n);
     const std::vector<float> center = Unit(rng, d);
+    std::vector<float> pts;
     for (int32_t i = 0; i < n; ++i) {
       const std::vector<float> p = Near(rng, center, i % 3 == 0 ? 0.5f : 0.01f, 1.0f + i % 5);
-      packed.Append(p.data());
+      pts.insert(pts.end(), p.begin(), p.end());
     }
     const std::vector<int32_t> want =
-        internal::FpsOrder(packed, count, internal::FpsKernel::kPortable);
+        internal::FpsOrder(pts.data(), n, d, count, internal::FpsKernel::kPortable);
     EXPECT_EQ(static_cast<int32_t>(want.size()), count);
     for (auto k :
          {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512}) {
       if (!internal::FpsKernelSupported(k)) continue;
-      EXPECT_EQ(internal::FpsOrder(packed, count, k), want) << "kernel " << static_cast<int>(k);
+      EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, count, k), want)
+          << "kernel " << static_cast<int>(k);
     }
   }
+}
+
+// Beacons reuse the buffer reduction's draw: drawing them reduces an over-full buffer to
+// buffer_min in FPS order, and the beacons are its first points.
+TEST(BeaconBankTest, DrawingBeaconsReducesTheBufferAndReusesTheOrdering) {
+  std::mt19937 rng(4);
+  const int32_t d = 16;
+  BeaconBank bank(d, /*buffer_min=*/8, /*buffer_max=*/32);
+  std::vector<float> all;
+  for (int32_t i = 0; i < 20; ++i) {
+    const std::vector<float> q = Near(rng, Unit(rng, d), 0.0f, 1.0f + i % 3);
+    all.insert(all.end(), q.begin(), q.end());
+    bank.Append(q.data());
+  }
+  ASSERT_EQ(bank.size(), 20);
+  auto rope = Rope::Create({d, 1e4});
+  ASSERT_TRUE(rope.ok());
+  std::vector<float> beacons;
+  ASSERT_EQ(bank.Beacons(5, *rope, 0, &beacons), 5);  // position 0: no rotation
+  EXPECT_EQ(bank.size(), 8);
+  EXPECT_EQ(bank.num_reductions(), 1);
+  const std::vector<int32_t> order = CosineFarthestPointOrder(all.data(), 20, d, 8);
+  for (int32_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(
+        std::equal(bank.data() + i * d, bank.data() + (i + 1) * d, all.data() + order[i] * d))
+        << "survivor " << i;
+  }
+  EXPECT_TRUE(std::equal(beacons.begin(), beacons.end(), bank.data()));
+  // Nothing new arrived: the next draw reduces nothing and returns the same beacons.
+  std::vector<float> again;
+  ASSERT_EQ(bank.Beacons(5, *rope, 0, &again), 5);
+  EXPECT_EQ(again, beacons);
+  EXPECT_EQ(bank.num_reductions(), 1);
 }
 
 class BeaconBufferTest : public ::testing::TestWithParam<uint32_t> {};
@@ -148,14 +180,12 @@ TEST_P(BeaconBufferTest, PlantedClusterSurvivesReductionMajorityIsThinned) {
       if (bank.num_reductions() == reductions_seen) continue;
       reductions_seen = bank.num_reductions();
       ASSERT_EQ(bank.size(), 64);
-      const std::vector<float> queries = bank.Queries();
-      const float* data = queries.data();
       int32_t planted_in = 0, majority_in = 0;
       for (int32_t i = 0; i < bank.size(); ++i) {
-        planted_in += Cos(data + i * d, planted.data(), d) > 0.95 ? 1 : 0;
-        majority_in += Cos(data + i * d, majority.data(), d) > 0.95 ? 1 : 0;
+        planted_in += Cos(bank.data() + i * d, planted.data(), d) > 0.95 ? 1 : 0;
+        majority_in += Cos(bank.data() + i * d, majority.data(), d) > 0.95 ? 1 : 0;
         for (int32_t j = 0; j < i; ++j) {
-          ASSERT_LT(Cos(data + i * d, data + j * d, d), 0.999)
+          ASSERT_LT(Cos(bank.data() + i * d, bank.data() + j * d, d), 0.999)
               << "near-duplicates " << j << " and " << i << " both kept at t=" << t;
         }
       }
@@ -187,13 +217,10 @@ TEST(BeaconBankTest, BeaconRotationEqualsRopeAtThePosition) {
     BeaconBank bank(d, 1, 3);
     const std::vector<float> q = Near(rng, Unit(rng, d), 0.0f, 2.5f);
     bank.Append(q.data());
-    // The query as stored: its norm times its unit vector rounded to multiples of 2^-14.
-    const std::vector<float> stored = bank.Queries();
-    for (int32_t i = 0; i < d; ++i) EXPECT_NEAR(stored[i], q[i], 2.5f * 0x1p-15f + 1e-6f);
     for (int64_t t : {0, 1, 63, 2175, 40000}) {
       std::vector<float> beacons, direct(d);
       ASSERT_EQ(bank.Beacons(1, *rope, t, &beacons), 1);
-      rope->Rotate(stored.data(), t, direct.data());
+      rope->Rotate(q.data(), t, direct.data());
       EXPECT_EQ(beacons, direct) << "d=" << d << " t=" << t;
     }
   }

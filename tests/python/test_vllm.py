@@ -109,6 +109,8 @@ def test_beacon_matches_our_engine_end_to_end(tmp_path, engine_refs):
                     prompts=prompts, max_tokens=[1200] * len(prompts), logprobs=3)
     assert ours["stats"]["tokens_evicted"] > 0  # the policy really evicted
     assert ours["integrity"] == "ok" and ours["used_blocks_at_end"] == 0
+    # vLLM's own KV tensor (the same bytes as our pool) was handed back, not kept as a copy.
+    assert ours["stats"]["vllm_kv_bytes_released"] > 0.95 * (64 << 20)
     check_against_engine(ours, engine_refs, "beacon@158")
 
 

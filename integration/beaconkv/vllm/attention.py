@@ -48,6 +48,20 @@ class BeaconAttentionMetadataBuilder(AttentionMetadataBuilder[BeaconAttentionMet
             query_lens=np.diff(qsl).astype(np.int32), seq_lens=seq_lens)
 
 
+def _release(kv_cache) -> int:
+    """Gives vLLM's own KV allocation back: the K/V live in our pool and this backend never
+    reads or writes vLLM's tensor, so its storage (shared by every layer's view) is resized to
+    zero at the first real forward instead of holding a second copy of the KV memory. Returns
+    the bytes released."""
+    if not isinstance(kv_cache, torch.Tensor):
+        return 0
+    storage = kv_cache.untyped_storage()
+    released = storage.nbytes()
+    if released > 0:
+        storage.resize_(0)
+    return released
+
+
 class BeaconAttentionImpl(AttentionImpl):
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
                  alibi_slopes=None, sliding_window=None, kv_cache_dtype: str = "auto",
@@ -93,6 +107,7 @@ class BeaconAttentionImpl(AttentionImpl):
         if st is None:  # warm-up runs before the scheduler (and so the pool) exists
             output.zero_()
             return output
+        st.stats["vllm_kv_bytes_released"] += _release(kv_cache)
         m = _LAYER_RE.search(layer.layer_name)
         if m is None:
             raise RuntimeError(f"beaconkv.vllm: cannot tell the layer index of {layer.layer_name}")
