@@ -333,6 +333,9 @@ def test_make_results_table_and_plot(tmp_path):
     assert "| 64 |" in beacon and "0.600" in beacon and "75.0%" in beacon  # 0.6 / 0.8
     assert "6.00×" in beacon and "0.400" in beacon and "50.0%" in beacon  # TF: 0.4 / 0.8
     assert rows[2].count("–") == 6  # snapkv has no teacher-forced run
+    lo, hi = mk.wilson(0.955, 200)  # 191 / 200: the 95 % Wilson interval
+    assert abs(lo - 0.9167) < 1e-3 and abs(hi - 0.9762) < 1e-3
+    assert mk.wilson(1.0, 200)[1] == 1.0 and mk.wilson(None, 200) is None
     png = (tmp_path / "accuracy_vs_compression.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     # A re-run rewrites only the generated block; text around it stays.
