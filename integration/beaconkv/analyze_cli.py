@@ -72,14 +72,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     split_path = resolve_split(args.model, args.split)
     policies = args.policies or default_policies()
-    from .validate import parse_knobs
-
-    knobs = parse_knobs(args.knob)
+    knobs = args.knob or []
     if args.replay:
-        from .replay import make_config
+        from .replay import policy_configs
 
-        for spec in policies:  # fail on a bad name or knob before the long part
-            make_config(spec, args.budget, args.interval, knobs).validate()
+        policy_configs(policies, args.budget, args.interval, knobs)  # a bad knob fails first
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         if args.max_target_tokens is not None:
@@ -146,6 +143,7 @@ def add_analyze_parser(subparsers) -> argparse.ArgumentParser:
                    help="compression interval for every policy that has one (default: each "
                         "policy's own)")
     a.add_argument("--knob", action="append", metavar="NAME=VALUE",
-                   help="policy knob override, applied where the policy has it (repeatable)")
+                   help="policy knob override for every replayed policy (repeatable); each "
+                        "policy must have it (per-policy knobs: --policies NAME:KNOB=VALUE)")
     a.set_defaults(func=cmd_analyze)
     return a

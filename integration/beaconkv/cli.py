@@ -19,25 +19,15 @@ def default_model_dir() -> str:
     return os.path.abspath("models/tiny-reasoner")
 
 
-def _policy_knobs(args: argparse.Namespace) -> dict:
-    """The --knob overrides; a ``budget`` knob is folded into ``args.budget``."""
-    from .validate import merge_budget, parse_knobs
-
-    args.budget, knobs = merge_budget(args.budget, parse_knobs(args.knob))
-    return knobs
-
-
 def _cmd_generate(args: argparse.Namespace) -> int:
     import beaconkv
 
-    from .evaluate import make_policy
     from .tokenizer import CharTokenizer
 
     tok = CharTokenizer.load(args.model)
     prompt = args.prompt.replace("\\n", "\n")
-    knobs = _policy_knobs(args)
-    engine = beaconkv.Engine(args.model, policy=make_policy(args.policy, args.budget, **knobs),
-                             allow_nonfinite=args.allow_nonfinite)
+    policy = beaconkv.make_policy_config(args.policy, args.budget, knobs=args.knob)
+    engine = beaconkv.Engine(args.model, policy=policy, allow_nonfinite=args.allow_nonfinite)
     engine.add_request(0, [tok.bos_id] + tok.encode(prompt), max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     out = engine.run()[0]
@@ -52,10 +42,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate, evaluate_teacher_forced
 
-    knobs = _policy_knobs(args)
     kw = dict(num=args.num, max_batch=args.max_batch, block_size=args.block_size,
               num_blocks=args.kv_blocks, preemption=args.preemption, progress=sys.stderr,
-              policy_knobs=knobs)
+              policy_knobs=args.knob)
     if args.teacher_forced:
         r = evaluate_teacher_forced(args.model, args.split, args.policy, args.budget, **kw)
     else:

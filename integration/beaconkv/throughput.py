@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .evaluate import BUDGETED, Progress, make_policy
+from .evaluate import Progress
 from .task import Difficulty, extract_answer, split_examples
 from .tokenizer import CharTokenizer
 
@@ -38,7 +38,7 @@ class ThroughputConfig:
     kv_blocks: int
     policy: str = "full"
     budget: int | None = None
-    knobs: dict = field(default_factory=dict)
+    knobs: dict | list = field(default_factory=dict)  # {name: value} or ["NAME=VALUE", ...]
     dataset: str = "reasoning"
     input_len: int = 64
     output_len: int = 256
@@ -101,7 +101,7 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
 
     cfg.validate()
     tok = CharTokenizer.load(cfg.model)
-    policy = make_policy(cfg.policy, cfg.budget, **cfg.knobs)
+    policy = beaconkv.make_policy_config(cfg.policy, cfg.budget, knobs=cfg.knobs)
     requests = make_requests(cfg, tok)
     engine = beaconkv.Engine(cfg.model, policy=policy, block_size=cfg.block_size,
                              num_blocks=cfg.kv_blocks, max_batch=cfg.max_batch,
@@ -157,8 +157,9 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
         "total_output_tokens": output_tokens,
         "total_prompt_tokens": prompt_tokens,
         "policy": cfg.policy,
-        "budget": cfg.budget if cfg.policy in BUDGETED else None,
+        "budget": beaconkv.policy_budget(policy),
         "knobs": cfg.knobs,
+        "policy_config": policy.to_dict(),
         "dataset": cfg.dataset,
         "seed": cfg.seed,
         "kv_blocks": cfg.kv_blocks,
@@ -255,12 +256,9 @@ def add_bench_parser(sub, default_model: str) -> None:
 
 
 def _cmd_bench_throughput(args) -> int:
-    from .validate import merge_budget, parse_knobs
-
-    budget, knobs = merge_budget(args.budget, parse_knobs(args.knob))
     cfg = ThroughputConfig(
         model=args.model, num_prompts=args.num_prompts, kv_blocks=args.kv_blocks,
-        policy=args.policy, budget=budget, knobs=knobs,
+        policy=args.policy, budget=args.budget, knobs=args.knob or [],
         dataset=args.dataset, input_len=args.input_len, output_len=args.output_len,
         random_range_ratio=args.random_range_ratio, preemption=args.preemption, seed=args.seed,
         block_size=args.block_size, max_batch=args.max_batch, num_threads=args.num_threads,

@@ -400,7 +400,7 @@ CASES: list[Case] = [
     Case("cli_knob_budget_conflict", "CliExit", "disagree",
          _cli("generate", "--prompt", "Ab;", "--policy", "beacon", "--budget", "64", "--knob",
               "budget=32")),
-    Case("cli_knob_budget_not_int", "CliExit", "--knob budget='x'",
+    Case("cli_knob_budget_not_int", "CliExit", "knob 'budget' = 'x': expected int",
          _cli("generate", "--prompt", "Ab;", "--policy", "beacon", "--knob", "budget=x")),
     Case("cli_knob_twice", "CliExit", "given twice",
          _cli("generate", "--prompt", "Ab;", "--knob", "interval=4", "--knob", "interval=5")),
