@@ -310,10 +310,10 @@ class PyPolicy {
       heads.push_back(
           {keys.back().data(), pos.back().data(), static_cast<int32_t>(keys.back().shape(0))});
     }
-    std::vector<HeadKeepSet> out =
+    std::vector<KeepSet> out =
         Unwrap(Locked([&] { return state_->Compress(layer, heads, due, current_position); }));
     py::list result;
-    for (const HeadKeepSet& k : out) {
+    for (const KeepSet& k : out) {
       result.append(py::make_tuple(k.layer, k.kv_head, ToArray(k.slots)));
     }
     return result;
