@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "bindings/array_check.h"
 #include "bindings/status_cast.h"
 #include "block_manager/block_manager.h"
 #include "block_manager/memory_check.h"
@@ -22,8 +23,8 @@ namespace beaconkv {
 namespace {
 
 using py_util::Check;
+using py_util::FloatArray;
 using py_util::Unwrap;
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 // Thread safety: every method runs its C++ work (manager calls and the K/V copies into and
 // out of the store) under `mu_`, taken with the GIL released, so one Python call is atomic
@@ -157,20 +158,10 @@ class PyBlockManager {
   }
 
  private:
-  FloatArray CheckedArray(py::object obj, const char* name, std::vector<py::ssize_t> shape) {
+  FloatArray CheckedArray(py::object obj, const char* name, std::vector<py_util::Dim> shape) {
     if (obj.is_none())
       throw py::value_error(absl::StrFormat("%s is required with the other", name));
-    FloatArray a = FloatArray::ensure(obj);
-    if (!a) throw py::value_error(absl::StrFormat("%s must be a float array", name));
-    bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
-    for (size_t i = 0; ok && i < shape.size(); ++i) ok = a.shape(i) == shape[i];
-    if (!ok) {
-      std::string want, got;
-      for (auto d : shape) want += absl::StrFormat("%d,", d);
-      for (py::ssize_t i = 0; i < a.ndim(); ++i) got += absl::StrFormat("%d,", a.shape(i));
-      throw py::value_error(absl::StrFormat("%s has shape (%s), expected (%s)", name, got, want));
-    }
-    return a;
+    return py_util::CheckedArray<float>(obj, name, shape);
   }
 
   std::mutex mu_;  // serializes every call's C++ work, store copies included

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bindings/array_check.h"
 #include "bindings/status_cast.h"
 #include "core/policy.h"
 #include "core/rope.h"
@@ -25,9 +26,11 @@ namespace beaconkv {
 namespace {
 
 using py_util::Check;
+using py_util::CheckedArray;
+using py_util::FloatArray;
+using py_util::IntArray;
+using py_util::kAnySize;
 using py_util::Unwrap;
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
-using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 // A Python knob value -> KnobValue. A str is text the core parses by the knob's type.
 KnobValue ToKnobValue(const std::string& knob, py::handle v) {
@@ -172,29 +175,6 @@ void BindConfig(py::module_& m, const char* name) {
       });
 }
 
-FloatArray CheckedFloat(py::handle obj, const char* what, std::vector<py::ssize_t> shape) {
-  FloatArray a = FloatArray::ensure(obj);
-  if (!a) throw py::value_error(absl::StrFormat("%s must be a float array", what));
-  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || a.shape(i) == shape[i];
-  if (!ok) {
-    std::vector<std::string> want, got;
-    for (auto s : shape) want.push_back(s < 0 ? "*" : absl::StrCat(s));
-    for (py::ssize_t i = 0; i < a.ndim(); ++i) got.push_back(absl::StrCat(a.shape(i)));
-    throw py::value_error(absl::StrFormat("%s must have shape [%s], got [%s]", what,
-                                          absl::StrJoin(want, ", "), absl::StrJoin(got, ", ")));
-  }
-  return a;
-}
-
-IntArray CheckedInt(py::handle obj, const char* what, py::ssize_t n) {
-  IntArray a = IntArray::ensure(obj);
-  if (!a || a.ndim() != 1 || a.shape(0) != n) {
-    throw py::value_error(absl::StrFormat("%s must be a 1-D integer array of length %d", what, n));
-  }
-  return a;
-}
-
 py::array_t<int32_t> ToArray(const std::vector<int32_t>& v) {
   py::array_t<int32_t> out(static_cast<py::ssize_t>(v.size()));
   std::copy(v.begin(), v.end(), out.mutable_data());
@@ -207,20 +187,20 @@ py::array_t<int32_t> RunPolicy(py::object policy, py::handle keys_obj, py::handl
                                double rope_theta, const py::kwargs& overrides) {
   PolicyConfig config = ToConfig(policy);
   ApplyKnobs(config, overrides);
-  FloatArray keys = CheckedFloat(keys_obj, "keys", {-1, -1});
+  FloatArray keys = CheckedArray<float>(keys_obj, "keys", {kAnySize, kAnySize});
   const int32_t n = static_cast<int32_t>(keys.shape(0));
   const int32_t d = static_cast<int32_t>(keys.shape(1));
-  IntArray positions = CheckedInt(positions_obj, "positions", n);
+  IntArray positions = CheckedArray<int32_t>(positions_obj, "positions", {n});
   FloatArray pre, post;
   IntArray qpos;
   int32_t steps = 0, group = 1;
   if (!queries_post.is_none() || !queries_pre.is_none()) {
     if (queries_post.is_none()) queries_post = queries_pre;
     if (queries_pre.is_none()) queries_pre = queries_post;
-    post = CheckedFloat(queries_post, "queries_post", {-1, -1, d});
+    post = CheckedArray<float>(queries_post, "queries_post", {kAnySize, kAnySize, d});
     steps = static_cast<int32_t>(post.shape(0));
     group = static_cast<int32_t>(post.shape(1));
-    pre = CheckedFloat(queries_pre, "queries_pre", {steps, group, d});
+    pre = CheckedArray<float>(queries_pre, "queries_pre", {steps, group, d});
     if (query_positions.is_none()) {
       // Default: the newest `steps` positions end at the newest key.
       int32_t last = -1;
@@ -229,7 +209,7 @@ py::array_t<int32_t> RunPolicy(py::object policy, py::handle keys_obj, py::handl
       for (int32_t s = 0; s < steps; ++s) qp.mutable_data()[s] = last - steps + 1 + s;
       qpos = qp;
     } else {
-      qpos = CheckedInt(query_positions, "query_positions", steps);
+      qpos = CheckedArray<int32_t>(query_positions, "query_positions", {steps});
     }
   }
   OneHeadInput in;
@@ -268,15 +248,15 @@ class PyPolicy {
   void Observe(int32_t layer, int32_t kv_head, int32_t position, py::handle pre_obj,
                py::handle post_obj, py::object keys_obj, py::object positions_obj) {
     const int32_t g = geometry_.group_size, d = geometry_.head_dim();
-    FloatArray pre = CheckedFloat(pre_obj, "queries_pre", {g, d});
-    FloatArray post = CheckedFloat(post_obj, "queries_post", {g, d});
+    FloatArray pre = CheckedArray<float>(pre_obj, "queries_pre", {g, d});
+    FloatArray post = CheckedArray<float>(post_obj, "queries_post", {g, d});
     FloatArray keys;
     IntArray pos;
     HeadKeys head;
     const bool with_keys = !keys_obj.is_none();
     if (with_keys) {
-      keys = CheckedFloat(keys_obj, "keys", {-1, d});
-      pos = CheckedInt(positions_obj, "positions", keys.shape(0));
+      keys = CheckedArray<float>(keys_obj, "keys", {kAnySize, d});
+      pos = CheckedArray<int32_t>(positions_obj, "positions", {keys.shape(0)});
       head = {keys.data(), pos.data(), static_cast<int32_t>(keys.shape(0))};
     }
     Check(Locked([&] {
@@ -305,8 +285,9 @@ class PyPolicy {
     std::vector<IntArray> pos;
     std::vector<HeadKeys> heads;
     for (int32_t h = 0; h < h_count; ++h) {
-      keys.push_back(CheckedFloat(keys_list[h], "keys[h]", {-1, d}));
-      pos.push_back(CheckedInt(positions_list[h], "positions[h]", keys.back().shape(0)));
+      keys.push_back(CheckedArray<float>(keys_list[h], "keys[h]", {kAnySize, d}));
+      pos.push_back(
+          CheckedArray<int32_t>(positions_list[h], "positions[h]", {keys.back().shape(0)}));
       heads.push_back(
           {keys.back().data(), pos.back().data(), static_cast<int32_t>(keys.back().shape(0))});
     }
@@ -431,7 +412,7 @@ newest positions. A head within its budget keeps everything.)doc");
   m.def(
       "apply_rope",
       [](py::handle x_obj, int64_t position, double rope_theta) {
-        FloatArray x = CheckedFloat(x_obj, "x", {-1, -1});
+        FloatArray x = CheckedArray<float>(x_obj, "x", {kAnySize, kAnySize});
         const int32_t d = static_cast<int32_t>(x.shape(1));
         Rope rope = Unwrap(Rope::Create({d, rope_theta}));
         FloatArray out({x.shape(0), x.shape(1)});

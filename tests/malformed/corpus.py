@@ -436,7 +436,7 @@ CASES: list[Case] = [
     Case("bm_pool_larger_than_memory", "MemoryError", "GiB",
          _api(lambda: _bm(2, 2, 64, block_size=64, num_blocks=2**31 - 1))),
     Case("bm_prompt_zero", "ValueError", "prompt length 0", _with_bm(lambda b: b.add_sequence(1, 0))),
-    Case("bm_keys_wrong_shape", "ValueError", "keys has shape",
+    Case("bm_keys_wrong_shape", "ValueError", "keys must be a float32 array of shape",
          _with_bm(lambda b: b.add_sequence(1, 3, keys=[[1.0]], values=[[1.0]]))),
     Case("bm_keys_without_values", "ValueError", "values is required",
          _with_bm(lambda b: b.add_sequence(1, 1, keys=[[[[0.0] * 4]] * 2] * 2))),
