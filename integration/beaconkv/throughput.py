@@ -214,7 +214,7 @@ def format_report(r: dict) -> str:
 
 def add_bench_parser(sub, default_model: str) -> None:
     """`beaconkv bench throughput ...`."""
-    from .validate import float_arg, int_arg
+    from .validate import float_arg, int_arg, knob_help, policy_help
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
@@ -227,10 +227,10 @@ def add_bench_parser(sub, default_model: str) -> None:
                    help="requests, all queued at once")
     t.add_argument("--kv-blocks", type=int_arg(2), required=True,
                    help="device pool size in blocks (one block: block-size tokens of one head)")
-    t.add_argument("--policy", default=d.policy, help="eviction policy name")
-    t.add_argument("--budget", type=int_arg(1), default=None, help="KV tokens kept per head")
-    t.add_argument("--knob", action="append", metavar="NAME=VALUE",
-                   help="override a policy knob (repeatable), e.g. --knob interval=32")
+    t.add_argument("--policy", default=d.policy, help=policy_help())
+    t.add_argument("--budget", type=int_arg(1), default=None,
+                   help="KV tokens kept per head (rpc: period = ratio x budget)")
+    t.add_argument("--knob", action="append", metavar="NAME=VALUE", help=knob_help())
     t.add_argument("--dataset", choices=["reasoning", "random"], default=d.dataset,
                    help="reasoning: the tiny reasoner's task, full traces, answers checked; "
                         "random: random prompts, fixed output lengths, eos ignored")
@@ -241,9 +241,12 @@ def add_bench_parser(sub, default_model: str) -> None:
     t.add_argument("--random-range-ratio", type=float_arg(0.0, 0.999),
                    default=d.random_range_ratio,
                    help="random: lengths drawn uniformly from [L*(1-r), L*(1+r)]")
-    t.add_argument("--preemption", choices=["recompute", "swap"], default=d.preemption)
+    t.add_argument("--preemption", choices=["recompute", "swap"], default=d.preemption,
+                   help="what a preempted sequence does: recompute (re-prefill later) or swap "
+                        "(to host memory and back)")
     t.add_argument("--seed", type=int_arg(0), default=d.seed, help="dataset seed")
-    t.add_argument("--block-size", type=int_arg(1), default=d.block_size)
+    t.add_argument("--block-size", type=int_arg(1), default=d.block_size,
+                   help="token slots per KV block (one block: one head of one sequence)")
     t.add_argument("--max-batch", type=int_arg(1), default=d.max_batch,
                    help="most sequences running at once (vLLM's max_num_seqs)")
     t.add_argument("--num-threads", type=int_arg(1), default=d.num_threads,

@@ -51,6 +51,21 @@ def float_arg(lo: float, hi: float, lo_open: bool = False) -> Callable[[str], fl
     return parse
 
 
+def policy_help() -> str:
+    """The --policy help text, with the policy names the core's registry lists."""
+    import beaconkv
+
+    budgeted = [s.name for s in beaconkv.policy_specs() if s.budgeted]
+    return (f"policy spec NAME[-pooled][:KNOB=VALUE,...]; NAME one of "
+            f"{', '.join(beaconkv.policy_names())} (budgeted: {', '.join(budgeted)}; "
+            f"knobs: beaconkv.policy_spec(NAME).knobs)")
+
+
+def knob_help() -> str:
+    return ("override a policy knob (repeatable), e.g. --knob interval=32; a knob the policy "
+            "does not have is an error")
+
+
 # Split files (.jsonl): one problem per line. Required fields and their types.
 _REQUIRED = {"prompt": str, "target": str, "answer": str}
 

@@ -240,7 +240,7 @@ def test_analyze_writes_summary_and_plots(tmp_path):
     from beaconkv.analyze_cli import add_analyze_parser
 
     parser = argparse.ArgumentParser()
-    add_analyze_parser(parser.add_subparsers())
+    add_analyze_parser(parser.add_subparsers(), MODEL)
     out = tmp_path / "out"
     # --max-target-tokens keeps at least the plan (revisit.analyze needs its end).
     args = parser.parse_args(["analyze", "--model", MODEL, "--split", "dev", "--out", str(out),
