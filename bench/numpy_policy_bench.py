@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Times one compression event of snapkv, rkv and beacon in C++ (bench_policies) and in
-NumPy (bench/numpy_policies.py, the same scoring math) in ONE run, and prints the ratios.
+NumPy (tests/python/numpy_policies.py, the same scoring math) in ONE run, and prints the ratios.
 
 Shape (Qwen3-4B): 36 layers x 8 kv heads (GQA 4), head_dim 128, 2,176 cached tokens per head,
 budget 2,048, 32 observation queries per query head. Fixed seeds. Both sides use one BLAS
@@ -37,7 +37,8 @@ for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402  (after the thread settings)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "python"))
 import numpy_policies as ref  # noqa: E402
 
 

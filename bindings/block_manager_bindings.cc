@@ -11,9 +11,11 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "bindings/array_check.h"
 #include "bindings/status_cast.h"
 #include "block_manager/block_manager.h"
 #include "block_manager/memory_check.h"
+#include "core/status_macros.h"
 
 namespace py = pybind11;
 
@@ -21,8 +23,8 @@ namespace beaconkv {
 namespace {
 
 using py_util::Check;
+using py_util::FloatArray;
 using py_util::Unwrap;
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 // Thread safety: every method runs its C++ work (manager calls and the K/V copies into and
 // out of the store) under `mu_`, taken with the GIL released, so one Python call is atomic
@@ -68,12 +70,13 @@ class PyBlockManager {
     const float* kp = k.size() != 0 ? k.data() : nullptr;
     const float* vp = v.size() != 0 ? v.data() : nullptr;
     Check(Locked([&]() -> absl::Status {
-      if (absl::Status st = manager_->AddSequence(id, prompt_len); !st.ok() || kp == nullptr)
-        return st;
+      BKV_RETURN_IF_ERROR(manager_->AddSequence(id, prompt_len));
+      if (kp == nullptr) return absl::OkStatus();
       const int64_t d = s.head_dim;
       for (int32_t h = 0; h < s.num_heads_total(); ++h)
         for (int32_t t = 0; t < prompt_len; ++t) {
-          const SlotRef slot = *manager_->Slot(id, h / s.num_kv_heads, h % s.num_kv_heads, t);
+          BKV_ASSIGN_OR_RETURN(const SlotRef slot,
+                               manager_->Slot(id, h / s.num_kv_heads, h % s.num_kv_heads, t));
           const int64_t at = (static_cast<int64_t>(h) * prompt_len + t) * d;
           std::copy_n(kp + at, d, store_->key(slot));
           std::copy_n(vp + at, d, store_->value(slot));
@@ -94,9 +97,8 @@ class PyBlockManager {
     const float* vp = v.size() != 0 ? v.data() : nullptr;
     Check(Locked([&]() -> absl::Status {
       std::vector<SlotRef> slots(s.num_heads_total());
-      if (absl::Status st = manager_->AppendToken(id, absl::MakeSpan(slots));
-          !st.ok() || kp == nullptr)
-        return st;
+      BKV_RETURN_IF_ERROR(manager_->AppendToken(id, absl::MakeSpan(slots)));
+      if (kp == nullptr) return absl::OkStatus();
       const int64_t d = s.head_dim;
       for (int32_t h = 0; h < s.num_heads_total(); ++h) {
         std::copy_n(kp + h * d, d, store_->key(slots[h]));
@@ -125,15 +127,15 @@ class PyBlockManager {
     std::vector<float> k, v;   // [n, head_dim]
     std::vector<int32_t> pos;  // [n]
     Check(Locked([&]() -> absl::Status {
-      absl::StatusOr<int32_t> n = manager_->RetainedTokens(id, layer, kv_head);
-      if (!n.ok()) return n.status();
-      if (*manager_->IsSwappedOut(id))
+      BKV_ASSIGN_OR_RETURN(int32_t n, manager_->RetainedTokens(id, layer, kv_head));
+      BKV_ASSIGN_OR_RETURN(const bool swapped, manager_->IsSwappedOut(id));
+      if (swapped)
         return absl::FailedPreconditionError(absl::StrFormat("sequence %d is swapped out", id));
-      k.resize(static_cast<size_t>(*n) * d);
+      k.resize(static_cast<size_t>(n) * d);
       v.resize(k.size());
-      pos.resize(*n);
-      for (int32_t t = 0; t < *n; ++t) {
-        const SlotRef slot = *manager_->Slot(id, layer, kv_head, t);
+      pos.resize(n);
+      for (int32_t t = 0; t < n; ++t) {
+        BKV_ASSIGN_OR_RETURN(const SlotRef slot, manager_->Slot(id, layer, kv_head, t));
         std::copy_n(store_->key(slot), d, k.data() + static_cast<size_t>(t) * d);
         std::copy_n(store_->value(slot), d, v.data() + static_cast<size_t>(t) * d);
         pos[t] = store_->position(slot);
@@ -156,20 +158,10 @@ class PyBlockManager {
   }
 
  private:
-  FloatArray CheckedArray(py::object obj, const char* name, std::vector<py::ssize_t> shape) {
+  FloatArray CheckedArray(py::object obj, const char* name, std::vector<py_util::Dim> shape) {
     if (obj.is_none())
       throw py::value_error(absl::StrFormat("%s is required with the other", name));
-    FloatArray a = FloatArray::ensure(obj);
-    if (!a) throw py::value_error(absl::StrFormat("%s must be a float array", name));
-    bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
-    for (size_t i = 0; ok && i < shape.size(); ++i) ok = a.shape(i) == shape[i];
-    if (!ok) {
-      std::string want, got;
-      for (auto d : shape) want += absl::StrFormat("%d,", d);
-      for (py::ssize_t i = 0; i < a.ndim(); ++i) got += absl::StrFormat("%d,", a.shape(i));
-      throw py::value_error(absl::StrFormat("%s has shape (%s), expected (%s)", name, got, want));
-    }
-    return a;
+    return py_util::CheckedArray<float>(obj, name, shape);
   }
 
   std::mutex mu_;  // serializes every call's C++ work, store copies included
@@ -252,9 +244,8 @@ void BindBlockManager(py::module_& m) {
            [](PBM& b, SequenceId id, int32_t l, int32_t h) {
              // Copied under the lock: the span is only valid until the next change.
              return Unwrap(b.Call([&](BlockManager& m) -> absl::StatusOr<std::vector<BlockId>> {
-               absl::StatusOr<absl::Span<const BlockId>> t = m.BlockTable(id, l, h);
-               if (!t.ok()) return t.status();
-               return std::vector<BlockId>(t->begin(), t->end());
+               BKV_ASSIGN_OR_RETURN(absl::Span<const BlockId> t, m.BlockTable(id, l, h));
+               return std::vector<BlockId>(t.begin(), t.end());
              }));
            })
       .def("is_swapped_out",

@@ -35,7 +35,7 @@ py::dict ToDict(RequestOutput&& o, int32_t vocab) {
   d["id"] = o.id;
   d["prompt_len"] = o.prompt_len;
   d["output"] = o.output;
-  d["finish_reason"] = o.finish_reason;
+  d["finish_reason"] = std::string(FinishReasonName(o.finish_reason));
   d["peak_retained_tokens"] = o.peak_retained_tokens;
   d["peak_blocks"] = o.peak_blocks;
   d["num_preemptions"] = o.num_preemptions;

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bindings/array_check.h"
 #include "bindings/status_cast.h"
 #include "core/policy.h"
 #include "core/rope.h"
@@ -24,23 +26,85 @@ namespace beaconkv {
 namespace {
 
 using py_util::Check;
+using py_util::CheckedArray;
+using py_util::FloatArray;
+using py_util::IntArray;
+using py_util::kAnySize;
 using py_util::Unwrap;
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
-using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
-std::string PoolingToString(Pooling p) {
-  return p == Pooling::kMax ? "max" : p == Pooling::kAvg ? "avg" : "none";
+// A Python knob value -> KnobValue. A str is text the core parses by the knob's type.
+KnobValue ToKnobValue(const std::string& knob, py::handle v) {
+  if (py::isinstance<py::bool_>(v)) return v.cast<bool>();
+  if (py::isinstance<py::int_>(v)) {
+    try {
+      return v.cast<int64_t>();
+    } catch (const py::cast_error&) {
+      return py::str(v).cast<std::string>();  // beyond int64: the range check words it
+    }
+  }
+  if (py::isinstance<py::float_>(v)) return v.cast<double>();
+  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+  throw py::value_error(absl::StrFormat("knob '%s' = %s: expected a bool, int, float or str", knob,
+                                        py::repr(v).cast<std::string>()));
 }
-Pooling PoolingFromString(const std::string& s) {
-  if (s == "max") return Pooling::kMax;
-  if (s == "avg") return Pooling::kAvg;
-  if (s == "none") return Pooling::kNone;
-  throw py::value_error(absl::StrFormat("pooling must be 'max', 'avg' or 'none', got '%s'", s));
+
+py::object FromKnobValue(const KnobValue& v) {
+  return std::visit([](const auto& x) { return py::object(py::cast(x)); }, v);
 }
-BudgetMode BudgetModeFromString(const std::string& s) { return Unwrap(ParseBudgetMode(s)); }
+
+py::object KnobBound(const KnobSpec& k, std::optional<double> bound) {
+  if (!bound) return py::none();
+  if (k.type == KnobType::kInt) return py::int_(static_cast<int64_t>(*bound));
+  return py::float_(*bound);
+}
+
+// Keyword arguments -> (knob, value) pairs, in the order given.
+std::vector<std::pair<std::string, KnobValue>> KnobList(const py::dict& knobs) {
+  std::vector<std::pair<std::string, KnobValue>> out;
+  for (auto item : knobs) {
+    const std::string key = py::str(item.first).cast<std::string>();
+    out.emplace_back(key, ToKnobValue(key, item.second));
+  }
+  return out;
+}
+
+// `knobs`: None, a {name: value} mapping, or a sequence of "NAME=VALUE" strings.
+std::vector<std::pair<std::string, KnobValue>> KnobsFromPython(py::handle knobs) {
+  if (knobs.is_none()) return {};
+  if (py::isinstance<py::dict>(knobs)) return KnobList(py::reinterpret_borrow<py::dict>(knobs));
+  if (py::isinstance<py::str>(knobs) || !py::isinstance<py::sequence>(knobs)) {
+    throw py::type_error("knobs must be a dict or a list of NAME=VALUE strings");
+  }
+  std::vector<std::pair<std::string, KnobValue>> out;
+  for (py::handle item : knobs) {
+    auto kv = Unwrap(ParseKnobAssignment(py::str(item).cast<std::string>()));
+    out.emplace_back(std::move(kv.first), KnobValue(std::move(kv.second)));
+  }
+  return out;
+}
+
+std::optional<int64_t> OptionalInt(const char* what, py::handle v) {
+  if (v.is_none()) return std::nullopt;
+  if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) {
+    throw py::value_error(absl::StrFormat("%s must be an integer or None, got %s", what,
+                                          py::repr(v).cast<std::string>()));
+  }
+  try {
+    return v.cast<int64_t>();
+  } catch (const py::cast_error&) {
+    throw py::value_error(
+        absl::StrFormat("%s = %s is out of range", what, py::repr(v).cast<std::string>()));
+  }
+}
+
+void ApplyKnobs(PolicyConfig& config, const py::dict& knobs) {
+  for (const auto& [knob, value] : KnobList(knobs)) Check(SetKnob(config, knob, value));
+}
 
 PolicyConfig ToConfig(py::handle obj) {
-  if (py::isinstance<py::str>(obj)) return Unwrap(DefaultPolicyConfig(obj.cast<std::string>()));
+  if (py::isinstance<py::str>(obj)) {
+    return Unwrap(BuildPolicyConfig({obj.cast<std::string>(), {}, {}, {}}));
+  }
   if (py::isinstance<FullConfig>(obj)) return obj.cast<FullConfig>();
   if (py::isinstance<StreamingConfig>(obj)) return obj.cast<StreamingConfig>();
   if (py::isinstance<H2OConfig>(obj)) return obj.cast<H2OConfig>();
@@ -56,99 +120,59 @@ py::object FromConfig(const PolicyConfig& c) {
   return std::visit([](const auto& cfg) { return py::cast(cfg); }, c);
 }
 
-// Applies keyword overrides by attribute name; an unknown name is a ValueError.
-py::object WithOverrides(py::object config, const py::kwargs& kwargs) {
-  for (auto item : kwargs) {
-    const std::string key = item.first.cast<std::string>();
-    if (!py::hasattr(config, key.c_str()) || key.rfind("_", 0) == 0) {
-      throw py::value_error(
-          absl::StrFormat("%s has no knob '%s'",
-                          py::str(py::type::of(config).attr("__name__")).cast<std::string>(), key));
-    }
-    try {
-      config.attr(key.c_str()) = item.second;
-    } catch (py::error_already_set& e) {
-      if (!e.matches(PyExc_TypeError)) throw;
-      // pybind11's message lists C++ signatures; say which knob and what it takes instead.
-      const py::object current = config.attr(key.c_str());
-      throw py::value_error(
-          absl::StrFormat("%s knob '%s' = %s: expected %s (as its current value %s)",
-                          py::str(py::type::of(config).attr("__name__")).cast<std::string>(), key,
-                          py::repr(item.second).cast<std::string>(),
-                          py::str(py::type::of(current).attr("__name__")).cast<std::string>(),
-                          py::repr(current).cast<std::string>()));
-    }
-  }
-  return config;
-}
-
-py::dict ConfigDict(py::handle self) {
+py::dict ConfigDict(const PolicyConfig& config) {
   py::dict d;
-  for (auto name : self.attr("_fields")) {
-    d[name] = self.attr(name.cast<std::string>().c_str());
+  for (const KnobSpec& k : SpecOf(config).knobs) {
+    d[py::str(k.name)] = FromKnobValue(Unwrap(GetKnob(config, k.name)));
   }
   return d;
 }
 
-std::string ConfigRepr(py::handle self) {
-  std::vector<std::string> parts;
-  for (auto name : self.attr("_fields")) {
-    const std::string n = name.cast<std::string>();
-    parts.push_back(absl::StrCat(n, "=", py::repr(self.attr(n.c_str())).cast<std::string>()));
-  }
-  return absl::StrCat(py::str(py::type::of(self).attr("__name__")).cast<std::string>(), "(",
-                      absl::StrJoin(parts, ", "), ")");
-}
-
-// Shared: fields tuple, kwargs constructor, repr, to_dict, equality by fields.
+// One Python class per config struct; its attributes are the registry's knobs.
 template <typename T>
-py::class_<T> BindConfig(py::module_& m, const char* name, const char* doc,
-                         std::vector<const char*> fields) {
-  py::class_<T> cls(m, name, doc);
-  py::tuple f(fields.size());
-  for (size_t i = 0; i < fields.size(); ++i) f[i] = py::str(fields[i]);
-  cls.attr("_fields") = f;
+void BindConfig(py::module_& m, const char* name) {
+  const PolicySpec& spec = SpecOf(PolicyConfig(T{}));
+  py::class_<T> cls(m, name, spec.summary.c_str());
+  py::tuple fields(spec.knobs.size());
+  for (size_t i = 0; i < spec.knobs.size(); ++i) {
+    const std::string knob = spec.knobs[i].name;
+    fields[i] = py::str(knob);
+    cls.def_property(
+        knob.c_str(),
+        [knob](const T& self) { return FromKnobValue(Unwrap(GetKnob(PolicyConfig(self), knob))); },
+        [knob](T& self, py::handle value) {
+          PolicyConfig c(self);
+          Check(SetKnob(c, knob, ToKnobValue(knob, value)));
+          self = std::get<T>(c);
+        },
+        spec.knobs[i].help.c_str());
+  }
+  cls.attr("_fields") = fields;
   cls.def(py::init([](const py::kwargs& kwargs) {
-            py::object obj = py::cast(T{});
-            WithOverrides(obj, kwargs);
-            return obj.cast<T>();
+            PolicyConfig c(T{});
+            ApplyKnobs(c, kwargs);
+            return std::get<T>(c);
           }),
           "Keyword arguments set knobs; every knob not given keeps its default.")
-      .def("__repr__", [](py::handle self) { return ConfigRepr(self); })
-      .def("to_dict", [](py::handle self) { return ConfigDict(self); })
+      .def("__repr__",
+           [name](const T& self) {
+             std::vector<std::string> parts;
+             for (auto item : ConfigDict(PolicyConfig(self))) {
+               parts.push_back(absl::StrCat(py::str(item.first).cast<std::string>(), "=",
+                                            py::repr(item.second).cast<std::string>()));
+             }
+             return absl::StrCat(name, "(", absl::StrJoin(parts, ", "), ")");
+           })
+      .def("to_dict", [](const T& self) { return ConfigDict(PolicyConfig(self)); })
       .def(
           "validate", [](const T& self) { Check(ValidatePolicyConfig(PolicyConfig(self))); },
           "Raises ValueError if the configuration cannot work.")
       .def_property_readonly(
           "name", [](const T& self) { return std::string(PolicyName(PolicyConfig(self))); })
-      .def("__eq__", [](py::handle a, py::handle b) {
-        if (!py::type::of(a).is(py::type::of(b))) return false;
-        return ConfigDict(a).equal(ConfigDict(b));
+      .def("__eq__", [](const T& a, py::handle b) {
+        if (!py::isinstance<T>(b)) return false;
+        return ConfigDict(PolicyConfig(a)).equal(ConfigDict(PolicyConfig(b.cast<T>())));
       });
-  return cls;
-}
-
-FloatArray CheckedFloat(py::handle obj, const char* what, std::vector<py::ssize_t> shape) {
-  FloatArray a = FloatArray::ensure(obj);
-  if (!a) throw py::value_error(absl::StrFormat("%s must be a float array", what));
-  bool ok = a.ndim() == static_cast<py::ssize_t>(shape.size());
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || a.shape(i) == shape[i];
-  if (!ok) {
-    std::vector<std::string> want, got;
-    for (auto s : shape) want.push_back(s < 0 ? "*" : absl::StrCat(s));
-    for (py::ssize_t i = 0; i < a.ndim(); ++i) got.push_back(absl::StrCat(a.shape(i)));
-    throw py::value_error(absl::StrFormat("%s must have shape [%s], got [%s]", what,
-                                          absl::StrJoin(want, ", "), absl::StrJoin(got, ", ")));
-  }
-  return a;
-}
-
-IntArray CheckedInt(py::handle obj, const char* what, py::ssize_t n) {
-  IntArray a = IntArray::ensure(obj);
-  if (!a || a.ndim() != 1 || a.shape(0) != n) {
-    throw py::value_error(absl::StrFormat("%s must be a 1-D integer array of length %d", what, n));
-  }
-  return a;
 }
 
 py::array_t<int32_t> ToArray(const std::vector<int32_t>& v) {
@@ -161,24 +185,22 @@ py::array_t<int32_t> RunPolicy(py::object policy, py::handle keys_obj, py::handl
                                int32_t prompt_len, py::object queries_pre, py::object queries_post,
                                py::object query_positions, int32_t current_position,
                                double rope_theta, const py::kwargs& overrides) {
-  py::object cfg_obj = FromConfig(ToConfig(policy));
-  if (!py::isinstance<py::str>(policy)) cfg_obj = py::type::of(cfg_obj)(**ConfigDict(policy));
-  WithOverrides(cfg_obj, overrides);
-  const PolicyConfig config = ToConfig(cfg_obj);
-  FloatArray keys = CheckedFloat(keys_obj, "keys", {-1, -1});
+  PolicyConfig config = ToConfig(policy);
+  ApplyKnobs(config, overrides);
+  FloatArray keys = CheckedArray<float>(keys_obj, "keys", {kAnySize, kAnySize});
   const int32_t n = static_cast<int32_t>(keys.shape(0));
   const int32_t d = static_cast<int32_t>(keys.shape(1));
-  IntArray positions = CheckedInt(positions_obj, "positions", n);
+  IntArray positions = CheckedArray<int32_t>(positions_obj, "positions", {n});
   FloatArray pre, post;
   IntArray qpos;
   int32_t steps = 0, group = 1;
   if (!queries_post.is_none() || !queries_pre.is_none()) {
     if (queries_post.is_none()) queries_post = queries_pre;
     if (queries_pre.is_none()) queries_pre = queries_post;
-    post = CheckedFloat(queries_post, "queries_post", {-1, -1, d});
+    post = CheckedArray<float>(queries_post, "queries_post", {kAnySize, kAnySize, d});
     steps = static_cast<int32_t>(post.shape(0));
     group = static_cast<int32_t>(post.shape(1));
-    pre = CheckedFloat(queries_pre, "queries_pre", {steps, group, d});
+    pre = CheckedArray<float>(queries_pre, "queries_pre", {steps, group, d});
     if (query_positions.is_none()) {
       // Default: the newest `steps` positions end at the newest key.
       int32_t last = -1;
@@ -187,7 +209,7 @@ py::array_t<int32_t> RunPolicy(py::object policy, py::handle keys_obj, py::handl
       for (int32_t s = 0; s < steps; ++s) qp.mutable_data()[s] = last - steps + 1 + s;
       qpos = qp;
     } else {
-      qpos = CheckedInt(query_positions, "query_positions", steps);
+      qpos = CheckedArray<int32_t>(query_positions, "query_positions", {steps});
     }
   }
   OneHeadInput in;
@@ -226,15 +248,15 @@ class PyPolicy {
   void Observe(int32_t layer, int32_t kv_head, int32_t position, py::handle pre_obj,
                py::handle post_obj, py::object keys_obj, py::object positions_obj) {
     const int32_t g = geometry_.group_size, d = geometry_.head_dim();
-    FloatArray pre = CheckedFloat(pre_obj, "queries_pre", {g, d});
-    FloatArray post = CheckedFloat(post_obj, "queries_post", {g, d});
+    FloatArray pre = CheckedArray<float>(pre_obj, "queries_pre", {g, d});
+    FloatArray post = CheckedArray<float>(post_obj, "queries_post", {g, d});
     FloatArray keys;
     IntArray pos;
     HeadKeys head;
     const bool with_keys = !keys_obj.is_none();
     if (with_keys) {
-      keys = CheckedFloat(keys_obj, "keys", {-1, d});
-      pos = CheckedInt(positions_obj, "positions", keys.shape(0));
+      keys = CheckedArray<float>(keys_obj, "keys", {kAnySize, d});
+      pos = CheckedArray<int32_t>(positions_obj, "positions", {keys.shape(0)});
       head = {keys.data(), pos.data(), static_cast<int32_t>(keys.shape(0))};
     }
     Check(Locked([&] {
@@ -263,15 +285,16 @@ class PyPolicy {
     std::vector<IntArray> pos;
     std::vector<HeadKeys> heads;
     for (int32_t h = 0; h < h_count; ++h) {
-      keys.push_back(CheckedFloat(keys_list[h], "keys[h]", {-1, d}));
-      pos.push_back(CheckedInt(positions_list[h], "positions[h]", keys.back().shape(0)));
+      keys.push_back(CheckedArray<float>(keys_list[h], "keys[h]", {kAnySize, d}));
+      pos.push_back(
+          CheckedArray<int32_t>(positions_list[h], "positions[h]", {keys.back().shape(0)}));
       heads.push_back(
           {keys.back().data(), pos.back().data(), static_cast<int32_t>(keys.back().shape(0))});
     }
-    std::vector<HeadKeepSet> out =
+    std::vector<KeepSet> out =
         Unwrap(Locked([&] { return state_->Compress(layer, heads, due, current_position); }));
     py::list result;
-    for (const HeadKeepSet& k : out) {
+    for (const KeepSet& k : out) {
       result.append(py::make_tuple(k.layer, k.kv_head, ToArray(k.slots)));
     }
     return result;
@@ -294,80 +317,75 @@ class PyPolicy {
 void BindPolicies(py::module_& m) {
   m.def("policy_names", &PolicyNames, "The eight policy names, in a fixed order.");
 
-  BindConfig<FullConfig>(m, "FullConfig", "No eviction.", {});
-  BindConfig<StreamingConfig>(m, "StreamingConfig", "StreamingLLM: sinks + newest tokens.",
-                              {"budget", "n_sinks", "interval"})
-      .def_readwrite("budget", &StreamingConfig::budget)
-      .def_readwrite("n_sinks", &StreamingConfig::n_sinks)
-      .def_readwrite("interval", &StreamingConfig::interval);
-  BindConfig<H2OConfig>(m, "H2OConfig", "H2O: accumulated attention + recent window.",
-                        {"budget", "recent_fraction", "interval"})
-      .def_readwrite("budget", &H2OConfig::budget)
-      .def_readwrite("recent_fraction", &H2OConfig::recent_fraction)
-      .def_readwrite("interval", &H2OConfig::interval);
-  BindConfig<TovaConfig>(m, "TovaConfig", "TOVA: the last query's attention.",
-                         {"budget", "interval"})
-      .def_readwrite("budget", &TovaConfig::budget)
-      .def_readwrite("interval", &TovaConfig::interval);
-  BindConfig<SnapKvConfig>(
-      m, "SnapKVConfig", "SnapKV, decode-time variant (R-KV codebase).",
-      {"budget", "window", "pool_kernel", "pooling", "interval", "budget_mode"})
-      .def_readwrite("budget", &SnapKvConfig::budget)
-      .def_readwrite("window", &SnapKvConfig::window)
-      .def_readwrite("pool_kernel", &SnapKvConfig::pool_kernel)
-      .def_property(
-          "pooling", [](const SnapKvConfig& c) { return PoolingToString(c.pooling); },
-          [](SnapKvConfig& c, const std::string& s) { c.pooling = PoolingFromString(s); })
-      .def_readwrite("interval", &SnapKvConfig::interval)
-      .def_property(
-          "budget_mode",
-          [](const SnapKvConfig& c) { return std::string(BudgetModeName(c.budget_mode)); },
-          [](SnapKvConfig& c, const std::string& s) { c.budget_mode = BudgetModeFromString(s); });
-  BindConfig<RkvConfig>(
-      m, "RKVConfig", "R-KV: lambda * importance - (1 - lambda) * redundancy.",
-      {"budget", "window", "pool_kernel", "lambda_", "redundancy_threshold", "interval"})
-      .def_readwrite("budget", &RkvConfig::budget)
-      .def_readwrite("window", &RkvConfig::window)
-      .def_readwrite("pool_kernel", &RkvConfig::pool_kernel)
-      .def_readwrite("lambda_", &RkvConfig::lambda)
-      .def_readwrite("redundancy_threshold", &RkvConfig::redundancy_threshold)
-      .def_readwrite("interval", &RkvConfig::interval);
-  BindConfig<RpcConfig>(m, "RPCConfig", "RPC: periodic, ratio-based, one token set per layer.",
-                        {"period", "window", "ratio", "pool_kernel", "pooling"})
-      .def_readwrite("period", &RpcConfig::period)
-      .def_readwrite("window", &RpcConfig::window)
-      .def_readwrite("ratio", &RpcConfig::ratio)
-      .def_readwrite("pool_kernel", &RpcConfig::pool_kernel)
-      .def_property(
-          "pooling", [](const RpcConfig& c) { return PoolingToString(c.pooling); },
-          [](RpcConfig& c, const std::string& s) { c.pooling = PoolingFromString(s); });
-  BindConfig<BeaconConfig>(
-      m, "BeaconConfig", "BeaconKV (DESIGN.md section 3).",
-      {"budget", "interval", "n_recent", "n_beacons", "buffer_max", "buffer_min", "pool_kernel",
-       "protect_prompt", "n_sinks", "budget_mode", "coverage_layers"})
-      .def_readwrite("budget", &BeaconConfig::budget)
-      .def_readwrite("interval", &BeaconConfig::interval)
-      .def_readwrite("n_recent", &BeaconConfig::n_recent)
-      .def_readwrite("n_beacons", &BeaconConfig::n_beacons)
-      .def_readwrite("buffer_max", &BeaconConfig::buffer_max)
-      .def_readwrite("buffer_min", &BeaconConfig::buffer_min)
-      .def_readwrite("pool_kernel", &BeaconConfig::pool_kernel)
-      .def_readwrite("protect_prompt", &BeaconConfig::protect_prompt)
-      .def_readwrite("n_sinks", &BeaconConfig::n_sinks)
-      .def_readwrite("coverage_layers", &BeaconConfig::coverage_layers)
-      .def_property(
-          "budget_mode",
-          [](const BeaconConfig& c) { return std::string(BudgetModeName(c.budget_mode)); },
-          [](BeaconConfig& c, const std::string& s) { c.budget_mode = BudgetModeFromString(s); });
+  BindConfig<FullConfig>(m, "FullConfig");
+  BindConfig<StreamingConfig>(m, "StreamingConfig");
+  BindConfig<H2OConfig>(m, "H2OConfig");
+  BindConfig<TovaConfig>(m, "TovaConfig");
+  BindConfig<SnapKvConfig>(m, "SnapKVConfig");
+  BindConfig<RkvConfig>(m, "RKVConfig");
+  BindConfig<RpcConfig>(m, "RPCConfig");
+  BindConfig<BeaconConfig>(m, "BeaconConfig");
 
+  py::class_<KnobSpec>(m, "KnobSpec", "One knob of a policy, as the core's registry states it.")
+      .def_readonly("name", &KnobSpec::name)
+      .def_property_readonly("type",
+                             [](const KnobSpec& k) { return std::string(KnobTypeName(k.type)); })
+      .def_readonly("help", &KnobSpec::help)
+      .def_property_readonly("default",
+                             [](const KnobSpec& k) { return FromKnobValue(k.default_value); })
+      .def_property_readonly(
+          "min", [](const KnobSpec& k) { return KnobBound(k, k.min); },
+          "inclusive lower bound (int, float), or None")
+      .def_property_readonly(
+          "max", [](const KnobSpec& k) { return KnobBound(k, k.max); },
+          "inclusive upper bound (int, float), or None")
+      .def_readonly("choices", &KnobSpec::choices, "the values of a choice knob")
+      .def("__repr__", [](const KnobSpec& k) {
+        return absl::StrFormat("KnobSpec(%s: %s = %s)", k.name, KnobTypeName(k.type),
+                               KnobValueText(k.default_value));
+      });
+  py::class_<PolicySpec>(m, "PolicySpec", "A policy as the core's registry states it.")
+      .def_readonly("name", &PolicySpec::name)
+      .def_readonly("summary", &PolicySpec::summary)
+      .def_readonly("budgeted", &PolicySpec::budgeted,
+                    "takes a budget (rpc: period = ratio x budget); full does not")
+      .def_readonly("knobs", &PolicySpec::knobs)
+      .def("__repr__",
+           [](const PolicySpec& p) { return absl::StrFormat("PolicySpec(%s)", p.name); });
+  m.def(
+      "policy_specs", [] { return PolicySpecs(); },
+      "Every policy of the core's registry, in policy_names() order.");
+  m.def(
+      "policy_spec", [](const std::string& name) { return *Unwrap(FindPolicySpec(name)); },
+      py::arg("name"), "The registry entry of one policy; unknown names raise ValueError.");
+  m.def(
+      "make_policy_config",
+      [](const std::string& spec, py::object budget, py::object interval, py::object knobs) {
+        return FromConfig(
+            Unwrap(BuildPolicyConfig({spec, OptionalInt("budget", budget),
+                                      OptionalInt("interval", interval), KnobsFromPython(knobs)})));
+      },
+      py::arg("spec"), py::arg("budget") = py::none(), py::kw_only(),
+      py::arg("interval") = py::none(), py::arg("knobs") = py::none(),
+      R"doc(The validated config of a policy as every entry point names it.
+
+spec: NAME[-pooled][:KNOB=VALUE,...] ('-pooled' is budget_mode=pooled).
+budget: KV tokens per head for every budgeted policy (rpc: period = ratio x budget unless a
+knob sets the period); full ignores it. interval: sets `interval` where the policy has one.
+knobs: a {name: value} dict or a list of "NAME=VALUE" strings, applied before the spec's own.
+An unknown policy or knob, a bad value, or budgets that disagree raise ValueError.)doc");
+  m.def(
+      "policy_budget", [](py::handle policy) { return PolicyBudget(ToConfig(policy)); },
+      py::arg("policy"),
+      "Tokens a configuration keeps per head (rpc: period / ratio), or None for full.");
   m.def(
       "policy_config",
       [](const std::string& name, const py::kwargs& kwargs) {
-        return WithOverrides(FromConfig(Unwrap(DefaultPolicyConfig(name))), kwargs);
+        return FromConfig(Unwrap(BuildPolicyConfig({name, {}, {}, KnobList(kwargs)})));
       },
       py::arg("name"),
-      "The config object of a policy by name, with keyword overrides; unknown names and "
-      "knobs raise ValueError.");
+      "The validated config of a policy by name (or spec), with keyword knob overrides; "
+      "unknown names and knobs raise ValueError.");
   m.def(
       "describe_policy",
       [](py::object policy) {
@@ -394,7 +412,7 @@ newest positions. A head within its budget keeps everything.)doc");
   m.def(
       "apply_rope",
       [](py::handle x_obj, int64_t position, double rope_theta) {
-        FloatArray x = CheckedFloat(x_obj, "x", {-1, -1});
+        FloatArray x = CheckedArray<float>(x_obj, "x", {kAnySize, kAnySize});
         const int32_t d = static_cast<int32_t>(x.shape(1));
         Rope rope = Unwrap(Rope::Create({d, rope_theta}));
         FloatArray out({x.shape(0), x.shape(1)});

@@ -17,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "bindings/array_check.h"
 #include "bindings/status_cast.h"
 #include "block_manager/block_manager.h"
 #include "core/policy.h"
@@ -32,10 +33,10 @@ PolicyConfig PolicyConfigFromPython(py::handle obj);  // policy_bindings.cc
 namespace {
 
 using py_util::Check;
+using py_util::FloatArray;
+using py_util::IntArray;
 using py_util::Unwrap;
 using py_util::WithoutGil;
-using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
-using IntArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 class VllmKvCache {
  public:
@@ -158,15 +159,10 @@ class VllmKvCache {
     if (query_lens.size() != rows) throw py::value_error("seq_ids and query_lens differ in size");
     int64_t tokens = 0;
     for (int64_t r = 0; r < rows; ++r) tokens += query_lens.at(r);
-    auto check = [&](const py::array& a, const char* name, int64_t heads) {
-      if (a.ndim() != 3 || a.shape(0) < tokens || a.shape(1) != heads || a.shape(2) != d) {
-        throw py::value_error(absl::StrFormat("%s must be [>=%d, %d, %d]", name, tokens, heads, d));
-      }
-    };
-    check(q, "query", num_heads_);
-    check(k, "key", hkv);
-    check(v, "value", hkv);
-    check(out, "output", num_heads_);
+    py_util::CheckShape<float>(q, "query", {py_util::AtLeast(tokens), num_heads_, d});
+    py_util::CheckShape<float>(k, "key", {py_util::AtLeast(tokens), hkv, d});
+    py_util::CheckShape<float>(v, "value", {py_util::AtLeast(tokens), hkv, d});
+    py_util::CheckShape<float>(out, "output", {py_util::AtLeast(tokens), num_heads_, d});
     if (layer < 0 || layer >= s.num_layers) throw py::value_error("layer out of range");
     for (int64_t r = 0; r < rows; ++r) {
       if (!manager_->HasSequence(seq_ids.at(r)) || !policies_.contains(seq_ids.at(r))) {

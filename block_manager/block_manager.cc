@@ -5,11 +5,12 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "core/check.h"
+#include "core/status_macros.h"
 
 namespace beaconkv {
 
 absl::Status BlockManager::ValidateConfig(const BlockManagerConfig& config) {
-  if (absl::Status s = config.shape.Validate(); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(config.shape.Validate());
   if (config.num_blocks < 2) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "num_blocks=%d: the pool needs the null block and at least one more", config.num_blocks));
@@ -23,7 +24,7 @@ absl::Status BlockManager::ValidateConfig(const BlockManagerConfig& config) {
 
 absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(const BlockManagerConfig& config,
                                                                    KvStore* store) {
-  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(ValidateConfig(config));
   if (auto* cpu = dynamic_cast<CpuKvStore*>(store); cpu != nullptr) {
     if (cpu->num_blocks() < config.num_blocks || cpu->block_size() != config.shape.block_size ||
         cpu->head_dim() != config.shape.head_dim) {
@@ -66,9 +67,8 @@ absl::StatusOr<const BlockManager::Sequence*> BlockManager::Find(SequenceId id) 
 }
 
 absl::StatusOr<BlockManager::Sequence*> BlockManager::FindResident(SequenceId id, const char* op) {
-  absl::StatusOr<Sequence*> seq = Find(id);
-  if (!seq.ok()) return seq.status();
-  if ((*seq)->swapped) {
+  BKV_ASSIGN_OR_RETURN(Sequence * seq, Find(id));
+  if (seq->swapped) {
     return absl::FailedPreconditionError(
         absl::StrFormat("cannot %s sequence %d: it is swapped out", op, id));
   }
@@ -134,18 +134,16 @@ int32_t BlockManager::CountAppendBlocks(const Sequence& seq) const {
 
 absl::StatusOr<int32_t> BlockManager::BlocksNeededToAppend(SequenceId id) const {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<const Sequence*> seq = Find(id);
-  if (!seq.ok()) return seq.status();
-  if ((*seq)->swapped)
+  BKV_ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
+  if (seq->swapped)
     return absl::FailedPreconditionError(absl::StrFormat("sequence %d is swapped out", id));
-  return CountAppendBlocks(**seq);
+  return CountAppendBlocks(*seq);
 }
 
 absl::Status BlockManager::AppendToken(SequenceId id, absl::Span<SlotRef> slots_out) {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<Sequence*> found = FindResident(id, "append to");
-  if (!found.ok()) return found.status();
-  Sequence& seq = **found;
+  BKV_ASSIGN_OR_RETURN(Sequence * found, FindResident(id, "append to"));
+  Sequence& seq = *found;
   const int32_t heads = shape_.num_heads_total();
   if (!slots_out.empty() && static_cast<int32_t>(slots_out.size()) != heads) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -187,11 +185,10 @@ absl::Status BlockManager::AppendToken(SequenceId id, absl::Span<SlotRef> slots_
 
 absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<Sequence*> found = FindResident(parent, "fork");
-  if (!found.ok()) return found.status();
+  BKV_ASSIGN_OR_RETURN(Sequence * found, FindResident(parent, "fork"));
   if (sequences_.contains(child))
     return absl::InvalidArgumentError(absl::StrFormat("sequence id %d already exists", child));
-  Sequence copy = **found;
+  Sequence copy = *found;
   for (const std::vector<BlockId>& table : copy.blocks)
     for (BlockId b : table) pool_.AddRef(b);
   sequences_.emplace(child, std::move(copy));
@@ -209,79 +206,67 @@ void BlockManager::ReleaseAll(Sequence& seq, BlockPool& pool) {
 
 absl::Status BlockManager::FreeSequence(SequenceId id) {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<Sequence*> found = Find(id);
-  if (!found.ok()) return found.status();
-  ReleaseAll(**found, (*found)->swapped ? host_pool_ : pool_);
+  BKV_ASSIGN_OR_RETURN(Sequence * found, Find(id));
+  ReleaseAll(*found, found->swapped ? host_pool_ : pool_);
   sequences_.erase(id);
+  return absl::OkStatus();
+}
+
+absl::Status BlockManager::MoveBetweenPools(SequenceId id, Sequence& seq, bool to_host) {
+  BlockPool& from = to_host ? pool_ : host_pool_;
+  BlockPool& to = to_host ? host_pool_ : pool_;
+  int32_t total = 0;
+  for (const auto& table : seq.blocks) total += static_cast<int32_t>(table.size());
+  std::vector<BlockId> dst_blocks;
+  if (absl::Status s = to.TakeMany(total, &dst_blocks); !s.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("out of %s blocks swapping %s sequence %d: needed %d, %d free of %d",
+                        to_host ? "host" : "KV", to_host ? "out" : "in", id, total, to.num_free(),
+                        to.num_usable()));
+  }
+  std::vector<BlockCopy> copies;
+  copies.reserve(total);
+  int32_t next = 0;
+  for (auto& table : seq.blocks) {
+    for (BlockId& b : table) {
+      copies.push_back({b, dst_blocks[next++]});
+      b = copies.back().dst;
+    }
+  }
+  // A sequence evicted down to no blocks moves nothing, and may have no host store to name.
+  if (store_ != nullptr && !copies.empty()) {
+    if (to_host) {
+      store_->SwapOut(copies, *host_store_);
+    } else {
+      store_->SwapIn(copies, *host_store_);
+    }
+  }
+  for (auto c = copies.rbegin(); c != copies.rend(); ++c) from.Release(c->src);
+  seq.swapped = to_host;
   return absl::OkStatus();
 }
 
 absl::Status BlockManager::SwapOut(SequenceId id) {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<Sequence*> found = FindResident(id, "swap out");
-  if (!found.ok()) return found.status();
-  Sequence& seq = **found;
-  int32_t total = 0;
-  for (const auto& table : seq.blocks) total += static_cast<int32_t>(table.size());
-  std::vector<BlockId> host_blocks;
-  if (absl::Status s = host_pool_.TakeMany(total, &host_blocks); !s.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("out of host blocks swapping out sequence %d: needed %d, %d free of %d", id,
-                        total, host_pool_.num_free(), host_pool_.num_usable()));
-  }
-  std::vector<BlockCopy> copies;
-  copies.reserve(total);
-  int32_t next = 0;
-  for (auto& table : seq.blocks) {
-    for (BlockId& b : table) {
-      copies.push_back({b, host_blocks[next++]});
-      b = copies.back().dst;
-    }
-  }
-  // A sequence evicted down to no blocks moves nothing, and may have no host store to name.
-  if (store_ != nullptr && !copies.empty()) store_->SwapOut(copies, *host_store_);
-  for (auto c = copies.rbegin(); c != copies.rend(); ++c) pool_.Release(c->src);
-  seq.swapped = true;
-  return absl::OkStatus();
+  BKV_ASSIGN_OR_RETURN(Sequence * seq, FindResident(id, "swap out"));
+  return MoveBetweenPools(id, *seq, /*to_host=*/true);
 }
 
 absl::Status BlockManager::SwapIn(SequenceId id) {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<Sequence*> found = Find(id);
-  if (!found.ok()) return found.status();
-  Sequence& seq = **found;
-  if (!seq.swapped)
+  BKV_ASSIGN_OR_RETURN(Sequence * seq, Find(id));
+  if (!seq->swapped) {
     return absl::FailedPreconditionError(
         absl::StrFormat("cannot swap in sequence %d: it is not swapped out", id));
-  int32_t total = 0;
-  for (const auto& table : seq.blocks) total += static_cast<int32_t>(table.size());
-  std::vector<BlockId> device_blocks;
-  if (absl::Status s = pool_.TakeMany(total, &device_blocks); !s.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("out of KV blocks swapping in sequence %d: needed %d, %d free of %d", id,
-                        total, pool_.num_free(), pool_.num_usable()));
   }
-  std::vector<BlockCopy> copies;
-  copies.reserve(total);
-  int32_t next = 0;
-  for (auto& table : seq.blocks) {
-    for (BlockId& b : table) {
-      copies.push_back({b, device_blocks[next++]});
-      b = copies.back().dst;
-    }
-  }
-  if (store_ != nullptr && !copies.empty()) store_->SwapIn(copies, *host_store_);
-  for (auto c = copies.rbegin(); c != copies.rend(); ++c) host_pool_.Release(c->src);
-  seq.swapped = false;
-  return absl::OkStatus();
+  return MoveBetweenPools(id, *seq, /*to_host=*/false);
 }
 
 absl::StatusOr<CompactionPlan> BlockManager::ApplyKeepSets(SequenceId id,
                                                            absl::Span<const KeepSet> keep) {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<Sequence*> found = FindResident(id, "compact");
-  if (!found.ok()) return found.status();
-  Sequence& seq = **found;
+  BKV_ASSIGN_OR_RETURN(Sequence * found, FindResident(id, "compact"));
+  Sequence& seq = *found;
   const int32_t bs = shape_.block_size;
 
   // Validate and plan every head before touching anything.
@@ -290,16 +275,13 @@ absl::StatusOr<CompactionPlan> BlockManager::ApplyKeepSets(SequenceId id,
   absl::flat_hash_set<int32_t> heads_seen;
   for (size_t i = 0; i < keep.size(); ++i) {
     const KeepSet& ks = keep[i];
-    if (absl::Status s = CheckHead(ks.layer, ks.kv_head); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(CheckHead(ks.layer, ks.kv_head));
     const int32_t h = shape_.HeadIndex(ks.layer, ks.kv_head);
     if (!heads_seen.insert(h).second) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "keep-sets name head (layer %d, kv_head %d) twice", ks.layer, ks.kv_head));
     }
-    if (absl::Status s = PlanHeadCompaction(h, seq.num_tokens[h], ks.slots, &plan.heads[i]);
-        !s.ok()) {
-      return s;
-    }
+    BKV_RETURN_IF_ERROR(PlanHeadCompaction(h, seq.num_tokens[h], ks.slots, &plan.heads[i]));
   }
   // Blocks that receive survivors must be private: count the shared ones to copy first.
   std::vector<std::pair<int32_t, int32_t>> to_copy;  // (head, block index in table)
@@ -384,66 +366,59 @@ double BlockManager::Usage() const {
 
 absl::StatusOr<bool> BlockManager::IsSwappedOut(SequenceId id) const {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<const Sequence*> seq = Find(id);
-  if (!seq.ok()) return seq.status();
-  return (*seq)->swapped;
+  BKV_ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
+  return seq->swapped;
 }
 
 absl::StatusOr<int32_t> BlockManager::NumBlocksOf(SequenceId id) const {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<const Sequence*> seq = Find(id);
-  if (!seq.ok()) return seq.status();
+  BKV_ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
   int32_t total = 0;
-  for (const auto& table : (*seq)->blocks) total += static_cast<int32_t>(table.size());
+  for (const auto& table : seq->blocks) total += static_cast<int32_t>(table.size());
   return total;
 }
 
 absl::StatusOr<int32_t> BlockManager::RetainedTokens(SequenceId id, int32_t layer,
                                                      int32_t kv_head) const {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<const Sequence*> seq = Find(id);
-  if (!seq.ok()) return seq.status();
-  if (absl::Status s = CheckHead(layer, kv_head); !s.ok()) return s;
-  return (*seq)->num_tokens[shape_.HeadIndex(layer, kv_head)];
+  BKV_ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
+  BKV_RETURN_IF_ERROR(CheckHead(layer, kv_head));
+  return seq->num_tokens[shape_.HeadIndex(layer, kv_head)];
 }
 
 absl::StatusOr<int32_t> BlockManager::NextPosition(SequenceId id) const {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<const Sequence*> seq = Find(id);
-  if (!seq.ok()) return seq.status();
-  return (*seq)->next_position;
+  BKV_ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
+  return seq->next_position;
 }
 
 absl::StatusOr<int32_t> BlockManager::PromptLength(SequenceId id) const {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<const Sequence*> seq = Find(id);
-  if (!seq.ok()) return seq.status();
-  return (*seq)->prompt_len;
+  BKV_ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
+  return seq->prompt_len;
 }
 
 absl::StatusOr<absl::Span<const BlockId>> BlockManager::BlockTable(SequenceId id, int32_t layer,
                                                                    int32_t kv_head) const {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<const Sequence*> seq = Find(id);
-  if (!seq.ok()) return seq.status();
-  if (absl::Status s = CheckHead(layer, kv_head); !s.ok()) return s;
-  return absl::MakeConstSpan((*seq)->blocks[shape_.HeadIndex(layer, kv_head)]);
+  BKV_ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
+  BKV_RETURN_IF_ERROR(CheckHead(layer, kv_head));
+  return absl::MakeConstSpan(seq->blocks[shape_.HeadIndex(layer, kv_head)]);
 }
 
 absl::StatusOr<SlotRef> BlockManager::Slot(SequenceId id, int32_t layer, int32_t kv_head,
                                            int32_t index) const {
   const std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<const Sequence*> seq = Find(id);
-  if (!seq.ok()) return seq.status();
-  if (absl::Status s = CheckHead(layer, kv_head); !s.ok()) return s;
+  BKV_ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
+  BKV_RETURN_IF_ERROR(CheckHead(layer, kv_head));
   const int32_t h = shape_.HeadIndex(layer, kv_head);
-  const int32_t n = (*seq)->num_tokens[h];
+  const int32_t n = seq->num_tokens[h];
   if (index < 0 || index >= n) {
     return absl::InvalidArgumentError(
         absl::StrFormat("slot %d of sequence %d head (layer %d, kv_head %d) is outside [0, %d)",
                         index, id, layer, kv_head, n));
   }
-  return SlotRef{(*seq)->blocks[h][index / shape_.block_size], index % shape_.block_size};
+  return SlotRef{seq->blocks[h][index / shape_.block_size], index % shape_.block_size};
 }
 
 double BlockManager::Fragmentation() const {
@@ -480,8 +455,8 @@ std::vector<SequenceId> BlockManager::SequenceIds() const {
 
 absl::Status BlockManager::VerifyIntegrity() const {
   const std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = pool_.VerifyIntegrity(); !s.ok()) return s;
-  if (absl::Status s = host_pool_.VerifyIntegrity(); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(pool_.VerifyIntegrity());
+  BKV_RETURN_IF_ERROR(host_pool_.VerifyIntegrity());
   std::vector<int32_t> refs(pool_.num_blocks(), 0), host_refs(host_pool_.num_blocks(), 0);
   std::vector<int32_t> owner(pool_.num_blocks(), -1), host_owner(host_pool_.num_blocks(), -1);
   const int32_t heads = shape_.num_heads_total();

@@ -26,6 +26,7 @@
 #include "block_manager/block_pool.h"
 #include "block_manager/compaction_plan.h"
 #include "block_manager/kv_store.h"
+#include "core/policy_types.h"
 #include "core/types.h"
 
 namespace beaconkv {
@@ -34,13 +35,6 @@ struct BlockManagerConfig {
   KvShape shape;
   int32_t num_blocks = 0;       // device pool size, counting the null block 0
   int32_t num_host_blocks = 0;  // host (swap) pool size, counting its null block; 0 = no swap
-};
-
-// The slots one (layer, kv_head) keeps: logical indexes in [0, that head's token count).
-struct KeepSet {
-  int32_t layer = 0;
-  int32_t kv_head = 0;
-  std::vector<int32_t> slots;
 };
 
 // What ApplyKeepSets did, in the order it did it: copy-on-write of shared blocks that
@@ -132,6 +126,10 @@ class BlockManager {
     return block_mask_ >= 0 ? (n & block_mask_) : n % shape_.block_size;
   }
   void ReleaseAll(Sequence& seq, BlockPool& pool);
+  // Swap out (to_host) or in: every block of `seq` moves to the other pool. All destination
+  // blocks are taken first (kResourceExhausted, nothing changed, when they are not there),
+  // then the data is copied and the source blocks are released, newest first.
+  absl::Status MoveBetweenPools(SequenceId id, Sequence& seq, bool to_host);
 
   KvShape shape_;
   int32_t block_mask_;  // block_size - 1 if block_size is a power of two, else -1

@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "core/policy_internal.h"
 #include "core/selection.h"
+#include "core/status_macros.h"
 
 namespace beaconkv {
 
@@ -20,7 +21,7 @@ absl::Status PolicyState::CheckHead(int32_t layer, int32_t kv_head) const {
 }
 
 absl::Status PolicyState::CheckStep(int32_t layer, int32_t kv_head, const StepQueries& step) const {
-  if (absl::Status s = CheckHead(layer, kv_head); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(CheckHead(layer, kv_head));
   if (step.pre_rope == nullptr || step.post_rope == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "policy %s: (layer %d, kv_head %d) step at position %d has no pre-/post-RoPE queries",
@@ -40,14 +41,14 @@ absl::Status PolicyState::CheckKeys(int32_t layer, int32_t kv_head, const HeadKe
 
 absl::Status PolicyState::CheckCompressArgs(int32_t layer, absl::Span<const HeadKeys> heads,
                                             absl::Span<const int32_t> due, bool all_heads) const {
-  if (absl::Status s = CheckHead(layer, 0); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(CheckHead(layer, 0));
   if (static_cast<int32_t>(heads.size()) != geometry_.num_kv_heads) {
     return absl::InvalidArgumentError(
         absl::StrFormat("policy %s: layer %d: got keys of %d heads, expected num_kv_heads = %d",
                         policy_name(), layer, heads.size(), geometry_.num_kv_heads));
   }
   for (size_t i = 0; i < due.size(); ++i) {
-    if (absl::Status s = CheckHead(layer, due[i]); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(CheckHead(layer, due[i]));
     if (i > 0 && due[i] <= due[i - 1]) {
       return absl::InvalidArgumentError(
           absl::StrFormat("policy %s: due heads must be ascending and unique", policy_name()));
@@ -56,16 +57,43 @@ absl::Status PolicyState::CheckCompressArgs(int32_t layer, absl::Span<const Head
   for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) {
     const bool used = all_heads || std::binary_search(due.begin(), due.end(), h);
     if (!used) continue;
-    if (absl::Status s = CheckKeys(layer, h, heads[h]); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(CheckKeys(layer, h, heads[h]));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<KeepSet>> PolicyState::CompressScored(int32_t layer,
+                                                                 absl::Span<const HeadKeys> heads,
+                                                                 absl::Span<const int32_t> due,
+                                                                 const ScoringHooks& hooks) const {
+  const bool pooled = hooks.mode == BudgetMode::kPooled;
+  BKV_RETURN_IF_ERROR(CheckCompressArgs(layer, heads, due, pooled));
+  std::vector<int32_t> all;
+  if (pooled) {
+    for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) all.push_back(h);
+    due = all;
+  }
+  std::vector<internal::ScoredHead> scored;
+  scored.reserve(due.size());
+  for (int32_t h : due) {
+    internal::ScoredHead sh;
+    sh.kv_head = h;
+    sh.ordered = std::make_unique<OrderedHead>(heads[h], geometry_.head_dim());
+    const int32_t n = sh.ordered->size();
+    sh.scores.assign(n, 0.0f);
+    hooks.protect(h, *sh.ordered, &sh.protect);
+    if (pooled || n > hooks.budget)
+      hooks.score(h, *sh.ordered, sh.protect, absl::MakeSpan(sh.scores));
+    scored.push_back(std::move(sh));
+  }
+  return internal::SelectScoredHeads(layer, scored, hooks.mode, hooks.budget);
 }
 
 absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,
                                                             const PolicyGeometry& geometry,
                                                             int32_t prompt_len) {
-  if (absl::Status s = ValidatePolicyConfig(config); !s.ok()) return s;
-  if (absl::Status s = geometry.rope.Validate(); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(ValidatePolicyConfig(config));
+  BKV_RETURN_IF_ERROR(geometry.rope.Validate());
   if (geometry.num_layers < 1 || geometry.num_kv_heads < 1 || geometry.group_size < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "policy geometry: num_layers=%d num_kv_heads=%d group_size=%d must all be >= 1",
@@ -103,9 +131,9 @@ absl::StatusOr<std::vector<int32_t>> RunPolicyOnHead(const PolicyConfig& config,
   PolicyGeometry geometry;
   geometry.group_size = input.group_size;
   geometry.rope = rope;
-  auto state_or = NewPolicyState(config, geometry, input.prompt_len);
-  if (!state_or.ok()) return state_or.status();
-  PolicyState& state = **state_or;
+  BKV_ASSIGN_OR_RETURN(std::unique_ptr<PolicyState> owned,
+                       NewPolicyState(config, geometry, input.prompt_len));
+  PolicyState& state = *owned;
   if (input.num_steps < 0 || (input.num_steps > 0 && (!input.queries_pre || !input.queries_post ||
                                                       !input.query_positions))) {
     return absl::InvalidArgumentError("RunPolicyOnHead: query history arrays are missing");
@@ -114,7 +142,7 @@ absl::StatusOr<std::vector<int32_t>> RunPolicyOnHead(const PolicyConfig& config,
   for (int32_t s = 0; s < input.num_steps; ++s) {
     StepQueries step{input.query_positions[s], input.queries_pre + s * row,
                      input.queries_post + s * row};
-    if (absl::Status st = state.Observe(0, 0, step, &input.keys); !st.ok()) return st;
+    BKV_RETURN_IF_ERROR(state.Observe(0, 0, step, &input.keys));
   }
   int32_t current = input.current_position;
   if (current < 0) {
@@ -124,10 +152,10 @@ absl::StatusOr<std::vector<int32_t>> RunPolicyOnHead(const PolicyConfig& config,
     current = std::max(current, 0);
   }
   const int32_t due[1] = {0};
-  auto keep_or = state.Compress(0, absl::MakeConstSpan(&input.keys, 1), due, current);
-  if (!keep_or.ok()) return keep_or.status();
-  BKV_CHECK(keep_or->size() == 1);
-  return std::move((*keep_or)[0].slots);
+  BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> keep,
+                       state.Compress(0, absl::MakeConstSpan(&input.keys, 1), due, current));
+  BKV_CHECK(keep.size() == 1);
+  return std::move(keep[0].slots);
 }
 
 namespace internal {
@@ -166,9 +194,16 @@ std::vector<int32_t> DuePooled(absl::Span<const int32_t> head_tokens, int64_t th
   return due;
 }
 
-HeadKeepSet ToKeepSet(int32_t layer, int32_t kv_head, const OrderedHead& ordered,
-                      absl::Span<const int32_t> indexes) {
-  HeadKeepSet keep{layer, kv_head, {}};
+std::vector<int32_t> DueOverBudget(BudgetMode mode, absl::Span<const int32_t> head_tokens,
+                                   int32_t budget, int32_t interval) {
+  const int64_t threshold = int64_t{budget} + interval;
+  return mode == BudgetMode::kUniform ? DueUniform(head_tokens, threshold)
+                                      : DuePooled(head_tokens, threshold);
+}
+
+KeepSet ToKeepSet(int32_t layer, int32_t kv_head, const OrderedHead& ordered,
+                  absl::Span<const int32_t> indexes) {
+  KeepSet keep{layer, kv_head, {}};
   keep.slots.reserve(indexes.size());
   for (int32_t i : indexes) keep.slots.push_back(ordered.slot(i));
   if (!std::is_sorted(keep.slots.begin(), keep.slots.end())) {
@@ -177,8 +212,8 @@ HeadKeepSet ToKeepSet(int32_t layer, int32_t kv_head, const OrderedHead& ordered
   return keep;
 }
 
-std::vector<HeadKeepSet> SelectScoredHeads(int32_t layer, std::vector<ScoredHead>& heads,
-                                           BudgetMode mode, int64_t budget) {
+std::vector<KeepSet> SelectScoredHeads(int32_t layer, std::vector<ScoredHead>& heads,
+                                       BudgetMode mode, int64_t budget) {
   std::vector<HeadCandidates> cands;
   cands.reserve(heads.size());
   for (ScoredHead& h : heads) {
@@ -187,7 +222,7 @@ std::vector<HeadKeepSet> SelectScoredHeads(int32_t layer, std::vector<ScoredHead
     h.scores.resize(n, 0.0f);
     cands.push_back({absl::MakeConstSpan(h.ordered->positions(), n), h.protect, h.scores});
   }
-  std::vector<HeadKeepSet> out;
+  std::vector<KeepSet> out;
   out.reserve(heads.size());
   if (mode == BudgetMode::kUniform) {
     for (size_t i = 0; i < heads.size(); ++i) {

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -54,10 +55,10 @@ class PolicyState {
   // not in `due` are read only by per-layer policies (pooled budgets, rpc), which compress
   // every head of the layer. current_position: the newest token's position (beacons are
   // rotated to it). Returns one keep-set per compressed head.
-  virtual absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer,
-                                                            absl::Span<const HeadKeys> heads,
-                                                            absl::Span<const int32_t> due,
-                                                            int32_t current_position) = 0;
+  virtual absl::StatusOr<std::vector<KeepSet>> Compress(int32_t layer,
+                                                        absl::Span<const HeadKeys> heads,
+                                                        absl::Span<const int32_t> due,
+                                                        int32_t current_position) = 0;
 
   // Bytes of per-sequence state held now, and at most (buffers at capacity).
   virtual int64_t StateBytes() const = 0;
@@ -72,6 +73,29 @@ class PolicyState {
   absl::Status CheckStep(int32_t layer, int32_t kv_head, const StepQueries& step) const;
   absl::Status CheckCompressArgs(int32_t layer, absl::Span<const HeadKeys> heads,
                                  absl::Span<const int32_t> due, bool all_heads) const;
+
+  // What a policy that scores each head on its own (streaming, h2o, tova, snapkv, rkv,
+  // beacon) tells CompressScored.
+  struct ScoringHooks {
+    BudgetMode mode = BudgetMode::kUniform;
+    int64_t budget = 0;
+    // The head's always-kept tokens, [n] position order; may leave `protect` empty (none).
+    absl::FunctionRef<void(int32_t kv_head, const OrderedHead& ordered,
+                           std::vector<uint8_t>* protect)>
+        protect;
+    // scores: [n] position order, zero-filled; called only for a head over budget (every head
+    // when pooled), since a head within budget keeps everything.
+    absl::FunctionRef<void(int32_t kv_head, const OrderedHead& ordered,
+                           absl::Span<const uint8_t> protect, absl::Span<float> scores)>
+        score;
+  };
+  // The one Compress skeleton of those policies: checks the arguments, takes the due heads
+  // (every head of the layer when pooled) in position order, asks the hooks for protected
+  // tokens and scores, and selects with the shared tie rule (uniform or pooled budgets).
+  absl::StatusOr<std::vector<KeepSet>> CompressScored(int32_t layer,
+                                                      absl::Span<const HeadKeys> heads,
+                                                      absl::Span<const int32_t> due,
+                                                      const ScoringHooks& hooks) const;
 
   PolicyGeometry geometry_;
   int32_t prompt_len_;

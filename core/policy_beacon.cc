@@ -39,45 +39,30 @@ class BeaconState final : public PolicyState {
   }
 
   std::vector<int32_t> DueHeads(int32_t, absl::Span<const int32_t> tokens) const override {
-    const int64_t threshold = int64_t{config_.budget} + config_.interval;
-    return config_.budget_mode == BudgetMode::kUniform ? DueUniform(tokens, threshold)
-                                                       : DuePooled(tokens, threshold);
+    return DueOverBudget(config_.budget_mode, tokens, config_.budget, config_.interval);
   }
 
-  absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
-                                                    absl::Span<const int32_t> due,
-                                                    int32_t current_position) override {
-    const bool pooled = config_.budget_mode == BudgetMode::kPooled;
-    if (absl::Status s = CheckCompressArgs(layer, heads, due, pooled); !s.ok()) return s;
-    std::vector<int32_t> all;
-    if (pooled) {
-      for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) all.push_back(h);
-      due = all;
-    }
-    const int32_t d = geometry_.head_dim();
-    std::vector<ScoredHead> scored;
-    for (int32_t h : due) {
-      ScoredHead sh;
-      sh.kv_head = h;
-      sh.ordered = std::make_unique<OrderedHead>(heads[h], d);
-      const int32_t n = sh.ordered->size();
-      sh.scores.assign(n, 0.0f);
-      sh.protect = ProtectMask(*sh.ordered);
-      if (pooled || n > config_.budget) {
-        ScoreHead(geometry_.HeadIndex(layer, h), *sh.ordered, current_position, sh.scores.data());
-        if (IsCoverage(layer)) {
-          // The evenly spaced sample is kept first (scores are probabilities <= 1, so +2 puts
-          // it above every other token); the slots its empty strata leave go by score.
-          const int64_t free = config_.budget - std::count(sh.protect.begin(), sh.protect.end(), 1);
-          for (int32_t i : CoverageUnprotected(absl::MakeConstSpan(sh.ordered->positions(), n),
-                                               sh.protect, free)) {
-            sh.scores[i] += 2.0f;
-          }
-        }
-      }
-      scored.push_back(std::move(sh));
-    }
-    return SelectScoredHeads(layer, scored, config_.budget_mode, config_.budget);
+  absl::StatusOr<std::vector<KeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                absl::Span<const int32_t> due,
+                                                int32_t current_position) override {
+    return CompressScored(
+        layer, heads, due,
+        {config_.budget_mode, config_.budget,
+         [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
+           *protect = ProtectMask(ordered);
+         },
+         [&](int32_t h, const OrderedHead& ordered, absl::Span<const uint8_t> protect,
+             absl::Span<float> scores) {
+           ScoreHead(geometry_.HeadIndex(layer, h), ordered, current_position, scores.data());
+           if (!IsCoverage(layer)) return;
+           // The evenly spaced sample is kept first (scores are probabilities <= 1, so +2 puts
+           // it above every other token); the slots its empty strata leave go by score.
+           const int64_t free = config_.budget - std::count(protect.begin(), protect.end(), 1);
+           for (int32_t i : CoverageUnprotected(
+                    absl::MakeConstSpan(ordered.positions(), ordered.size()), protect, free)) {
+             scores[i] += 2.0f;
+           }
+         }});
   }
 
   int64_t StateBytes() const override {

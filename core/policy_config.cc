@@ -1,9 +1,19 @@
 #include "core/policy_config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/check.h"
+#include "core/status_macros.h"
 
 namespace beaconkv {
 namespace {
@@ -16,35 +26,337 @@ struct Overloaded : Ts... {
 template <class... Ts>
 Overloaded(Ts...) -> Overloaded<Ts...>;
 
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
 absl::Status Invalid(std::string_view policy, const std::string& message) {
   return absl::InvalidArgumentError(absl::StrFormat("policy %s: %s", policy, message));
 }
 
-absl::Status CheckBudgetInterval(std::string_view policy, int32_t budget, int32_t interval) {
-  if (budget < 1) return Invalid(policy, absl::StrFormat("budget must be >= 1, got %d", budget));
-  if (interval < 1) {
-    return Invalid(policy, absl::StrFormat("interval must be >= 1, got %d", interval));
+// ---------------------------------------------------------------------------------------
+// Registry entries: a knob's spec plus how to read and write it in its config struct.
+
+struct KnobAccess {
+  std::function<KnobValue(const PolicyConfig&)> get;
+  // `value` already holds the knob's own alternative (int64_t, double, bool or the choice).
+  std::function<void(PolicyConfig&, const KnobValue&)> set;
+};
+
+struct Knob {
+  KnobSpec spec;
+  KnobAccess access;
+};
+
+template <typename C>
+Knob IntKnob(const char* name, int32_t C::*field, int64_t min, const char* help) {
+  Knob k{{name, KnobType::kInt, help, {}, static_cast<double>(min), double{kInt32Max}, {}}, {}};
+  k.access.get = [field](const PolicyConfig& c) {
+    return KnobValue(int64_t{std::get<C>(c).*field});
+  };
+  k.access.set = [field](PolicyConfig& c, const KnobValue& v) {
+    std::get<C>(c).*field = static_cast<int32_t>(std::get<int64_t>(v));
+  };
+  return k;
+}
+
+template <typename C>
+Knob FloatKnob(const char* name, double C::*field, std::optional<double> min,
+               std::optional<double> max, const char* help) {
+  Knob k{{name, KnobType::kFloat, help, {}, min, max, {}}, {}};
+  k.access.get = [field](const PolicyConfig& c) { return KnobValue(std::get<C>(c).*field); };
+  k.access.set = [field](PolicyConfig& c, const KnobValue& v) {
+    std::get<C>(c).*field = std::get<double>(v);
+  };
+  return k;
+}
+
+template <typename C>
+Knob BoolKnob(const char* name, bool C::*field, const char* help) {
+  Knob k{{name, KnobType::kBool, help, {}, {}, {}, {}}, {}};
+  k.access.get = [field](const PolicyConfig& c) { return KnobValue(std::get<C>(c).*field); };
+  k.access.set = [field](PolicyConfig& c, const KnobValue& v) {
+    std::get<C>(c).*field = std::get<bool>(v);
+  };
+  return k;
+}
+
+// An enum knob; `values` names every value the knob may take, in the order listed to users.
+template <typename C, typename E>
+Knob ChoiceKnob(const char* name, E C::*field, std::vector<std::pair<E, std::string>> values,
+                const char* help) {
+  Knob k{{name, KnobType::kChoice, help, {}, {}, {}, {}}, {}};
+  for (const auto& [value, text] : values) k.spec.choices.push_back(text);
+  k.access.get = [field, values](const PolicyConfig& c) {
+    for (const auto& [value, text] : values) {
+      if (value == std::get<C>(c).*field) return KnobValue(text);
+    }
+    BKV_CHECK_MSG(false, "enum value without a name");
+    return KnobValue(std::string());
+  };
+  k.access.set = [field, values](PolicyConfig& c, const KnobValue& v) {
+    for (const auto& [value, text] : values) {
+      if (text == std::get<std::string>(v)) std::get<C>(c).*field = value;
+    }
+  };
+  return k;
+}
+
+const std::vector<std::pair<Pooling, std::string>>& PoolingChoices() {
+  static const auto* choices = new std::vector<std::pair<Pooling, std::string>>{
+      {Pooling::kMax, "max"}, {Pooling::kAvg, "avg"}, {Pooling::kNone, "none"}};
+  return *choices;
+}
+
+const std::vector<std::pair<BudgetMode, std::string>>& BudgetModeChoices() {
+  static const auto* choices = new std::vector<std::pair<BudgetMode, std::string>>{
+      {BudgetMode::kUniform, "uniform"}, {BudgetMode::kPooled, "pooled"}};
+  return *choices;
+}
+
+struct PolicyEntry {
+  PolicySpec spec;
+  PolicyConfig defaults;
+  std::vector<KnobAccess> access;  // [spec.knobs.size()]
+};
+
+PolicyEntry Entry(PolicyConfig defaults, bool budgeted, const char* summary,
+                  std::vector<Knob> knobs) {
+  PolicyEntry e{{PolicyNames()[defaults.index()], summary, budgeted, {}}, defaults, {}};
+  for (Knob& k : knobs) {
+    k.spec.default_value = k.access.get(defaults);
+    e.spec.knobs.push_back(std::move(k.spec));
+    e.access.push_back(std::move(k.access));
+  }
+  return e;
+}
+
+constexpr char kBudgetHelp[] = "KV tokens kept per head after a compression";
+constexpr char kIntervalHelp[] =
+    "tokens a head may grow past the budget before it is compressed again (1 = every step)";
+constexpr char kKernelHelp[] = "odd width of the pooling over neighbouring tokens; 1 = off";
+constexpr char kBudgetModeHelp[] =
+    "uniform: every head keeps `budget`; pooled: a layer keeps budget x kv heads, heads "
+    "compete on normalised scores";
+
+std::vector<PolicyEntry> MakeRegistry() {
+  using S = StreamingConfig;
+  using H = H2OConfig;
+  using T = TovaConfig;
+  using K = SnapKvConfig;
+  using R = RkvConfig;
+  using P = RpcConfig;
+  using B = BeaconConfig;
+  std::vector<PolicyEntry> r;
+  r.push_back(Entry(FullConfig{}, false, "no eviction", {}));
+  r.push_back(Entry(StreamingConfig{}, true, "StreamingLLM: the first n_sinks tokens + the newest",
+                    {IntKnob("budget", &S::budget, 1, kBudgetHelp),
+                     IntKnob("n_sinks", &S::n_sinks, 0, "first tokens always kept (<= budget)"),
+                     IntKnob("interval", &S::interval, 1, kIntervalHelp)}));
+  r.push_back(Entry(H2OConfig{}, true, "H2O: accumulated attention + the newest tokens",
+                    {IntKnob("budget", &H::budget, 1, kBudgetHelp),
+                     FloatKnob("recent_fraction", &H::recent_fraction, 0.0, 1.0,
+                               "share of the budget kept for the newest tokens"),
+                     IntKnob("interval", &H::interval, 1, kIntervalHelp)}));
+  r.push_back(Entry(TovaConfig{}, true, "TOVA: the last query's attention",
+                    {IntKnob("budget", &T::budget, 1, kBudgetHelp),
+                     IntKnob("interval", &T::interval, 1, kIntervalHelp)}));
+  r.push_back(Entry(
+      SnapKvConfig{}, true, "SnapKV, decode-time variant: a window of the newest queries scores",
+      {IntKnob("budget", &K::budget, 1, kBudgetHelp),
+       IntKnob("window", &K::window, 1,
+               "observation queries = always-kept newest tokens (< budget)"),
+       IntKnob("pool_kernel", &K::pool_kernel, 1, kKernelHelp),
+       ChoiceKnob("pooling", &K::pooling, PoolingChoices(), "pooling over neighbouring tokens"),
+       IntKnob("interval", &K::interval, 1, kIntervalHelp),
+       ChoiceKnob("budget_mode", &K::budget_mode, BudgetModeChoices(), kBudgetModeHelp)}));
+  r.push_back(
+      Entry(RkvConfig{}, true, "R-KV: lambda x importance - (1 - lambda) x redundancy",
+            {IntKnob("budget", &R::budget, 1, kBudgetHelp),
+             IntKnob("window", &R::window, 1,
+                     "observation queries = always-kept newest tokens (< budget)"),
+             IntKnob("pool_kernel", &R::pool_kernel, 1, kKernelHelp),
+             FloatKnob("lambda_", &R::lambda, 0.0, 1.0, "weight of importance against redundancy"),
+             FloatKnob("redundancy_threshold", &R::redundancy_threshold, std::nullopt, std::nullopt,
+                       "cosine above which two keys are near-duplicates"),
+             IntKnob("interval", &R::interval, 1, kIntervalHelp)}));
+  r.push_back(Entry(
+      RpcConfig{}, true,
+      "RPC: periodic, ratio-based, one token set per layer (a budget B sets period = ratio x B)",
+      {IntKnob("period", &P::period, 1, "P: generated tokens between compressions"),
+       IntKnob("window", &P::window, 1, "R: selector queries = always-kept newest tokens"),
+       IntKnob("ratio", &P::ratio, 1, "c: a round keeps period / ratio generated tokens"),
+       IntKnob("pool_kernel", &P::pool_kernel, 1, kKernelHelp),
+       ChoiceKnob("pooling", &P::pooling, PoolingChoices(), "pooling over neighbouring tokens")}));
+  r.push_back(Entry(
+      BeaconConfig{}, true, "BeaconKV: recent queries + beacons from a buffer of past queries",
+      {IntKnob("budget", &B::budget, 1, kBudgetHelp),
+       IntKnob("interval", &B::interval, 1, kIntervalHelp),
+       IntKnob("n_recent", &B::n_recent, 0,
+               "recent post-RoPE queries per query head; as many newest tokens are kept"),
+       IntKnob("n_beacons", &B::n_beacons, 0, "beacons drawn at each compression (<= buffer_min)"),
+       IntKnob("buffer_max", &B::buffer_max, 2, "pre-RoPE queries buffered per head before FPS"),
+       IntKnob("buffer_min", &B::buffer_min, 1, "size FPS reduces the buffer to (< buffer_max)"),
+       IntKnob("pool_kernel", &B::pool_kernel, 1,
+               "odd width of max-pooling over neighbours; 1 = off"),
+       BoolKnob("protect_prompt", &B::protect_prompt,
+                "keep the prompt whenever it fits beside n_recent"),
+       IntKnob("n_sinks", &B::n_sinks, 0, "first tokens kept when the prompt is not protected"),
+       ChoiceKnob("budget_mode", &B::budget_mode, BudgetModeChoices(), kBudgetModeHelp),
+       IntKnob("coverage_layers", &B::coverage_layers, 0,
+               "first layers that keep an evenly spaced sample before the best scores")}));
+  for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
+  return r;
+}
+
+const std::vector<PolicyEntry>& Registry() {
+  static const auto* registry = new std::vector<PolicyEntry>(MakeRegistry());
+  return *registry;
+}
+
+const PolicyEntry& EntryOf(const PolicyConfig& config) { return Registry()[config.index()]; }
+
+absl::StatusOr<const PolicyEntry*> FindEntry(std::string_view name) {
+  for (const PolicyEntry& e : Registry()) {
+    if (e.spec.name == name) return &e;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat("unknown policy \"%s\"; expected one of: %s",
+                                                    name, absl::StrJoin(PolicyNames(), ", ")));
+}
+
+absl::StatusOr<int32_t> KnobIndex(const PolicyEntry& e, std::string_view knob) {
+  for (size_t i = 0; i < e.spec.knobs.size(); ++i) {
+    if (e.spec.knobs[i].name == knob) return static_cast<int32_t>(i);
+  }
+  std::vector<std::string> names;
+  for (const KnobSpec& k : e.spec.knobs) names.push_back(k.name);
+  return absl::InvalidArgumentError(
+      absl::StrFormat("policy %s has no knob '%s'; %s", e.spec.name, knob,
+                      names.empty() ? std::string("it has no knobs")
+                                    : absl::StrCat("its knobs: ", absl::StrJoin(names, ", "))));
+}
+
+std::string QuotedValue(const KnobValue& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return absl::StrCat("'", *s, "'");
+  return KnobValueText(v);
+}
+
+std::string Bound(const KnobSpec& k, std::optional<double> b, const char* unbounded) {
+  if (!b) return unbounded;
+  return k.type == KnobType::kInt ? absl::StrCat(static_cast<int64_t>(*b)) : absl::StrCat(*b);
+}
+
+// `value` converted to the knob's own alternative and checked against its range.
+absl::StatusOr<KnobValue> Coerce(std::string_view policy, const KnobSpec& k,
+                                 const KnobValue& value) {
+  const std::string* text = std::get_if<std::string>(&value);
+  auto wrong_type = [&] {
+    std::string want(KnobTypeName(k.type));
+    if (k.type == KnobType::kChoice) want = absl::StrCat("one of ", absl::StrJoin(k.choices, ", "));
+    return Invalid(
+        policy, absl::StrFormat("knob '%s' = %s: expected %s", k.name, QuotedValue(value), want));
+  };
+  KnobValue out;
+  switch (k.type) {
+    case KnobType::kInt: {
+      int64_t v = 0;
+      if (const auto* i = std::get_if<int64_t>(&value)) {
+        v = *i;
+      } else if (!text || !absl::SimpleAtoi(*text, &v)) {
+        return wrong_type();
+      }
+      out = v;
+      break;
+    }
+    case KnobType::kFloat: {
+      double v = 0;
+      if (const auto* d = std::get_if<double>(&value)) {
+        v = *d;
+      } else if (const auto* i = std::get_if<int64_t>(&value)) {
+        v = static_cast<double>(*i);
+      } else if (!text || !absl::SimpleAtod(*text, &v)) {
+        return wrong_type();
+      }
+      if (!std::isfinite(v)) {
+        return Invalid(policy, absl::StrFormat("knob '%s' = %s: expected a finite number", k.name,
+                                               QuotedValue(value)));
+      }
+      out = v;
+      break;
+    }
+    case KnobType::kBool: {
+      bool v = false;
+      if (const auto* b = std::get_if<bool>(&value)) {
+        v = *b;
+      } else if (text && absl::AsciiStrToLower(*text) == "true") {
+        v = true;
+      } else if (!text || absl::AsciiStrToLower(*text) != "false") {
+        return wrong_type();
+      }
+      out = v;
+      break;
+    }
+    case KnobType::kChoice:
+      if (!text || std::find(k.choices.begin(), k.choices.end(), *text) == k.choices.end()) {
+        return wrong_type();
+      }
+      out = *text;
+      break;
+  }
+  if (k.type == KnobType::kInt || k.type == KnobType::kFloat) {
+    const double v = k.type == KnobType::kInt ? static_cast<double>(std::get<int64_t>(out))
+                                              : std::get<double>(out);
+    if ((k.min && v < *k.min) || (k.max && v > *k.max)) {
+      return Invalid(
+          policy, absl::StrFormat("knob '%s' = %s is outside [%s, %s]", k.name, KnobValueText(out),
+                                  Bound(k, k.min, "-inf"), Bound(k, k.max, "inf")));
+    }
+  }
+  return out;
+}
+
+// Per-knob ranges of a whole configuration (a config built field by field in C++ never went
+// through SetKnob).
+absl::Status CheckKnobRanges(const PolicyConfig& config) {
+  const PolicyEntry& e = EntryOf(config);
+  for (size_t i = 0; i < e.spec.knobs.size(); ++i) {
+    BKV_RETURN_IF_ERROR(Coerce(e.spec.name, e.spec.knobs[i], e.access[i].get(config)).status());
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckKernel(std::string_view policy, int32_t kernel) {
-  if (kernel < 1 || kernel % 2 == 0) {
-    return Invalid(policy,
-                   absl::StrFormat("pool_kernel must be odd and >= 1 (1 = off), got %d", kernel));
-  }
-  return absl::OkStatus();
+  return ValidatePoolKernel(kernel, absl::StrFormat("policy %s", policy).c_str());
 }
 
 absl::Status CheckWindowed(std::string_view policy, int32_t budget, int32_t window,
-                           int32_t interval, int32_t kernel) {
-  if (absl::Status s = CheckBudgetInterval(policy, budget, interval); !s.ok()) return s;
-  if (window < 1) return Invalid(policy, absl::StrFormat("window must be >= 1, got %d", window));
+                           int32_t kernel) {
   if (budget <= window) {
     return Invalid(policy, absl::StrFormat("budget (%d) must exceed the protected window (%d)",
                                            budget, window));
   }
   return CheckKernel(policy, kernel);
+}
+
+// The budget as the `budget` knob takes it.
+absl::StatusOr<int64_t> BudgetValue(std::string_view policy, const KnobValue& value) {
+  static const auto* spec =
+      new KnobSpec{"budget", KnobType::kInt, kBudgetHelp, {}, 1.0, double{kInt32Max}, {}};
+  BKV_ASSIGN_OR_RETURN(KnobValue v, Coerce(policy, *spec, value));
+  return std::get<int64_t>(v);
+}
+
+absl::Status ApplyBudget(PolicyConfig& config, int64_t budget, bool period_set) {
+  if (auto* rpc = std::get_if<RpcConfig>(&config)) {
+    if (period_set) return absl::OkStatus();
+    const int64_t period = budget * rpc->ratio;
+    if (period > kInt32Max) {
+      return Invalid("rpc", absl::StrFormat("period = ratio (%d) x budget (%d) exceeds %d",
+                                            rpc->ratio, budget, kInt32Max));
+    }
+    rpc->period = static_cast<int32_t>(period);
+    return absl::OkStatus();
+  }
+  if (!SpecOf(config).budgeted) return absl::OkStatus();  // full keeps everything
+  return SetKnob(config, "budget", KnobValue(budget));
 }
 
 }  // namespace
@@ -58,74 +370,47 @@ const std::vector<std::string>& PolicyNames() {
 std::string_view PolicyName(const PolicyConfig& config) { return PolicyNames()[config.index()]; }
 
 absl::StatusOr<PolicyConfig> DefaultPolicyConfig(std::string_view name) {
-  if (name == "full") return PolicyConfig(FullConfig{});
-  if (name == "streaming") return PolicyConfig(StreamingConfig{});
-  if (name == "h2o") return PolicyConfig(H2OConfig{});
-  if (name == "tova") return PolicyConfig(TovaConfig{});
-  if (name == "snapkv") return PolicyConfig(SnapKvConfig{});
-  if (name == "rkv") return PolicyConfig(RkvConfig{});
-  if (name == "rpc") return PolicyConfig(RpcConfig{});
-  if (name == "beacon") return PolicyConfig(BeaconConfig{});
-  return absl::InvalidArgumentError(absl::StrFormat("unknown policy \"%s\"; expected one of: %s",
-                                                    name, absl::StrJoin(PolicyNames(), ", ")));
+  BKV_ASSIGN_OR_RETURN(const PolicyEntry* e, FindEntry(name));
+  return e->defaults;
 }
 
 std::string_view BudgetModeName(BudgetMode mode) {
-  return mode == BudgetMode::kUniform ? "uniform" : "pooled";
+  for (const auto& [value, text] : BudgetModeChoices()) {
+    if (value == mode) return text;
+  }
+  return "?";
 }
 
 absl::StatusOr<BudgetMode> ParseBudgetMode(std::string_view name) {
-  if (name == "uniform") return BudgetMode::kUniform;
-  if (name == "pooled") return BudgetMode::kPooled;
+  for (const auto& [value, text] : BudgetModeChoices()) {
+    if (text == name) return value;
+  }
   return absl::InvalidArgumentError(
       absl::StrFormat("unknown budget mode \"%s\"; expected uniform or pooled", name));
 }
 
 absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
+  BKV_RETURN_IF_ERROR(CheckKnobRanges(config));
+  // Constraints between knobs; each knob's own range is the registry's.
   return std::visit(
       Overloaded{
           [](const FullConfig&) { return absl::OkStatus(); },
           [](const StreamingConfig& c) {
-            if (absl::Status s = CheckBudgetInterval("streaming", c.budget, c.interval); !s.ok())
-              return s;
-            if (c.n_sinks < 0 || c.n_sinks > c.budget) {
+            if (c.n_sinks > c.budget) {
               return Invalid("streaming", absl::StrFormat("n_sinks (%d) must be in [0, budget=%d]",
                                                           c.n_sinks, c.budget));
             }
             return absl::OkStatus();
           },
-          [](const H2OConfig& c) {
-            if (absl::Status s = CheckBudgetInterval("h2o", c.budget, c.interval); !s.ok())
-              return s;
-            if (!(c.recent_fraction >= 0.0 && c.recent_fraction <= 1.0)) {
-              return Invalid("h2o", absl::StrFormat("recent_fraction must be in [0, 1], got %g",
-                                                    c.recent_fraction));
-            }
-            return absl::OkStatus();
-          },
-          [](const TovaConfig& c) { return CheckBudgetInterval("tova", c.budget, c.interval); },
+          [](const H2OConfig&) { return absl::OkStatus(); },
+          [](const TovaConfig&) { return absl::OkStatus(); },
           [](const SnapKvConfig& c) {
-            return CheckWindowed("snapkv", c.budget, c.window, c.interval, c.pool_kernel);
+            return CheckWindowed("snapkv", c.budget, c.window, c.pool_kernel);
           },
           [](const RkvConfig& c) {
-            if (absl::Status s =
-                    CheckWindowed("rkv", c.budget, c.window, c.interval, c.pool_kernel);
-                !s.ok())
-              return s;
-            if (!(c.lambda >= 0.0 && c.lambda <= 1.0)) {
-              return Invalid("rkv", absl::StrFormat("lambda must be in [0, 1], got %g", c.lambda));
-            }
-            if (!std::isfinite(c.redundancy_threshold)) {
-              return Invalid("rkv", "redundancy_threshold must be finite");
-            }
-            return absl::OkStatus();
+            return CheckWindowed("rkv", c.budget, c.window, c.pool_kernel);
           },
           [](const RpcConfig& c) {
-            if (c.period < 1 || c.window < 1 || c.ratio < 1) {
-              return Invalid("rpc",
-                             absl::StrFormat("period (%d), window (%d) and ratio (%d) must be >= 1",
-                                             c.period, c.window, c.ratio));
-            }
             if (c.period / c.ratio < 1) {
               return Invalid("rpc",
                              absl::StrFormat("period / ratio must keep >= 1 token, got %d / %d",
@@ -134,21 +419,13 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
             return CheckKernel("rpc", c.pool_kernel);
           },
           [](const BeaconConfig& c) {
-            if (absl::Status s = CheckBudgetInterval("beacon", c.budget, c.interval); !s.ok())
-              return s;
-            if (c.n_recent < 0 || c.n_beacons < 0 || c.n_sinks < 0 || c.coverage_layers < 0) {
-              return Invalid(
-                  "beacon", absl::StrFormat("n_recent (%d), n_beacons (%d), n_sinks (%d) and "
-                                            "coverage_layers (%d) must be >= 0",
-                                            c.n_recent, c.n_beacons, c.n_sinks, c.coverage_layers));
-            }
             if (c.budget < c.n_recent + c.n_sinks) {
               return Invalid("beacon",
                              absl::StrFormat("budget (%d) is smaller than the protected tokens "
                                              "n_recent + n_sinks = %d",
                                              c.budget, c.n_recent + c.n_sinks));
             }
-            if (c.buffer_min < 1 || c.buffer_min >= c.buffer_max) {
+            if (c.buffer_min >= c.buffer_max) {
               return Invalid("beacon",
                              absl::StrFormat("need 1 <= buffer_min < buffer_max, got buffer_min=%d "
                                              "buffer_max=%d",
@@ -228,6 +505,155 @@ PolicyTraits DescribePolicy(const PolicyConfig& config) {
           },
       },
       config);
+}
+
+}  // namespace beaconkv
+
+namespace beaconkv {
+
+std::string_view KnobTypeName(KnobType type) {
+  switch (type) {
+    case KnobType::kInt:
+      return "int";
+    case KnobType::kFloat:
+      return "float";
+    case KnobType::kBool:
+      return "bool";
+    case KnobType::kChoice:
+      return "choice";
+  }
+  return "?";
+}
+
+std::string KnobValueText(const KnobValue& value) {
+  return std::visit(Overloaded{
+                        [](bool b) { return std::string(b ? "true" : "false"); },
+                        [](int64_t i) { return absl::StrCat(i); },
+                        [](double d) { return absl::StrCat(d); },
+                        [](const std::string& s) { return s; },
+                    },
+                    value);
+}
+
+const KnobSpec* PolicySpec::FindKnob(std::string_view knob) const {
+  for (const KnobSpec& k : knobs) {
+    if (k.name == knob) return &k;
+  }
+  return nullptr;
+}
+
+const std::vector<PolicySpec>& PolicySpecs() {
+  static const auto* specs = [] {
+    auto* v = new std::vector<PolicySpec>;
+    for (const PolicyEntry& e : Registry()) v->push_back(e.spec);
+    return v;
+  }();
+  return *specs;
+}
+
+absl::StatusOr<const PolicySpec*> FindPolicySpec(std::string_view name) {
+  BKV_ASSIGN_OR_RETURN(const PolicyEntry* e, FindEntry(name));
+  return &PolicySpecs()[e->defaults.index()];
+}
+
+const PolicySpec& SpecOf(const PolicyConfig& config) { return PolicySpecs()[config.index()]; }
+
+absl::StatusOr<KnobValue> GetKnob(const PolicyConfig& config, std::string_view knob) {
+  const PolicyEntry& e = EntryOf(config);
+  BKV_ASSIGN_OR_RETURN(int32_t i, KnobIndex(e, knob));
+  return e.access[i].get(config);
+}
+
+absl::Status SetKnob(PolicyConfig& config, std::string_view knob, const KnobValue& value) {
+  const PolicyEntry& e = EntryOf(config);
+  BKV_ASSIGN_OR_RETURN(int32_t i, KnobIndex(e, knob));
+  BKV_ASSIGN_OR_RETURN(KnobValue v, Coerce(e.spec.name, e.spec.knobs[i], value));
+  e.access[i].set(config, v);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> ParseKnobAssignment(std::string_view item) {
+  const size_t eq = item.find('=');
+  std::string key(eq == std::string_view::npos ? std::string_view() : item.substr(0, eq));
+  absl::StripAsciiWhitespace(&key);
+  if (key.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("knob '%s': expected NAME=VALUE", item));
+  }
+  return std::make_pair(std::move(key), std::string(item.substr(eq + 1)));
+}
+
+absl::StatusOr<PolicySpecText> ParsePolicySpecText(std::string_view text) {
+  constexpr std::string_view kPooled = "-pooled";
+  const size_t colon = text.find(':');
+  PolicySpecText out;
+  out.name = std::string(text.substr(0, colon));
+  if (out.name.size() > kPooled.size() &&
+      std::string_view(out.name).substr(out.name.size() - kPooled.size()) == kPooled) {
+    out.name.resize(out.name.size() - kPooled.size());
+    out.knobs.emplace_back("budget_mode", KnobValue(std::string("pooled")));
+  }
+  if (colon == std::string_view::npos) return out;
+  const std::string knobs(text.substr(colon + 1));
+  if (knobs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("policy '%s': expected KNOB=VALUE after ':'", text));
+  }
+  for (const std::string& item : std::vector<std::string>(absl::StrSplit(knobs, ','))) {
+    BKV_ASSIGN_OR_RETURN(auto kv, ParseKnobAssignment(item));
+    out.knobs.emplace_back(std::move(kv.first), KnobValue(std::move(kv.second)));
+  }
+  return out;
+}
+
+absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request) {
+  BKV_ASSIGN_OR_RETURN(PolicySpecText text, ParsePolicySpecText(request.spec));
+  BKV_ASSIGN_OR_RETURN(const PolicyEntry* entry, FindEntry(text.name));
+  const std::string& name = entry->spec.name;
+  PolicyConfig config = entry->defaults;
+  std::optional<int64_t> budget;
+  auto take_budget = [&](const KnobValue& value) -> absl::Status {
+    BKV_ASSIGN_OR_RETURN(int64_t b, BudgetValue(name, value));
+    if (budget && *budget != b) {
+      return Invalid(name, absl::StrFormat("budgets %d and %d disagree; give one", *budget, b));
+    }
+    budget = b;
+    return absl::OkStatus();
+  };
+  if (request.budget) BKV_RETURN_IF_ERROR(take_budget(KnobValue(*request.budget)));
+  if (request.interval && entry->spec.FindKnob("interval") != nullptr) {
+    BKV_RETURN_IF_ERROR(SetKnob(config, "interval", KnobValue(*request.interval)));
+  }
+  bool period_set = false;
+  auto apply = [&](const std::vector<std::pair<std::string, KnobValue>>& knobs) -> absl::Status {
+    absl::flat_hash_set<std::string> seen;
+    for (const auto& [knob, value] : knobs) {
+      if (!seen.insert(knob).second) {
+        return Invalid(name, absl::StrFormat("knob '%s' is given twice", knob));
+      }
+    }
+    for (const auto& [knob, value] : knobs) {
+      if (knob == "budget") {
+        BKV_RETURN_IF_ERROR(take_budget(value));
+        continue;
+      }
+      period_set = period_set || knob == "period";
+      BKV_RETURN_IF_ERROR(SetKnob(config, knob, value));
+    }
+    return absl::OkStatus();
+  };
+  BKV_RETURN_IF_ERROR(apply(request.knobs));
+  BKV_RETURN_IF_ERROR(apply(text.knobs));
+  if (budget) BKV_RETURN_IF_ERROR(ApplyBudget(config, *budget, period_set));
+  BKV_RETURN_IF_ERROR(ValidatePolicyConfig(config));
+  return config;
+}
+
+std::optional<int32_t> PolicyBudget(const PolicyConfig& config) {
+  if (const auto* rpc = std::get_if<RpcConfig>(&config)) return rpc->period / rpc->ratio;
+  if (!SpecOf(config).budgeted) return std::nullopt;
+  absl::StatusOr<KnobValue> budget = GetKnob(config, "budget");
+  BKV_CHECK(budget.ok());  // every budgeted policy but rpc has the knob
+  return static_cast<int32_t>(std::get<int64_t>(*budget));
 }
 
 }  // namespace beaconkv

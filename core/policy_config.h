@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -129,5 +131,80 @@ struct PolicyTraits {
   std::string trigger;        // when a head (or layer) is compressed
 };
 PolicyTraits DescribePolicy(const PolicyConfig& config);
+
+// ---------------------------------------------------------------------------------------
+// The policy registry: the one place that says which policies exist, which take a budget,
+// and every knob's type, default and range. Every entry point (the CLI, the study tools, the
+// vLLM config, the Python config classes) asks it; none keeps its own list.
+
+enum class KnobType { kInt, kFloat, kBool, kChoice };
+std::string_view KnobTypeName(KnobType type);  // "int", "float", "bool", "choice"
+
+// A knob value. A string given for an int, float or bool knob is text to parse ("8", "0.5",
+// "true"); for a choice knob it is the choice.
+using KnobValue = std::variant<bool, int64_t, double, std::string>;
+std::string KnobValueText(const KnobValue& value);
+
+struct KnobSpec {
+  std::string name;
+  KnobType type = KnobType::kInt;
+  std::string help;
+  KnobValue default_value;           // the config struct's own initialiser
+  std::optional<double> min, max;    // kInt, kFloat: inclusive bounds (floats are also finite)
+  std::vector<std::string> choices;  // kChoice
+};
+
+struct PolicySpec {
+  std::string name;
+  std::string summary;
+  // Takes a budget: a `budget` knob, or for rpc period = ratio x budget (its first
+  // compression round keeps `budget` generated tokens). full keeps everything and has none.
+  bool budgeted = false;
+  std::vector<KnobSpec> knobs;  // in declaration order of the config struct
+
+  const KnobSpec* FindKnob(std::string_view knob) const;  // nullptr when absent
+};
+
+// One entry per policy, in PolicyNames() order.
+const std::vector<PolicySpec>& PolicySpecs();
+absl::StatusOr<const PolicySpec*> FindPolicySpec(std::string_view name);  // unknown -> error
+const PolicySpec& SpecOf(const PolicyConfig& config);
+
+// The knob's current value; kInvalidArgument when the policy has no such knob.
+absl::StatusOr<KnobValue> GetKnob(const PolicyConfig& config, std::string_view knob);
+// Sets one knob after checking its name, type and range (kInvalidArgument naming the policy
+// and knob). Constraints between knobs are ValidatePolicyConfig's.
+absl::Status SetKnob(PolicyConfig& config, std::string_view knob, const KnobValue& value);
+
+// "NAME=VALUE" -> {NAME, VALUE as text}.
+absl::StatusOr<std::pair<std::string, std::string>> ParseKnobAssignment(std::string_view item);
+
+// A policy as named on a command line: NAME[-pooled][:KNOB=VALUE[,KNOB=VALUE...]].
+// "-pooled" is short for budget_mode=pooled.
+struct PolicySpecText {
+  std::string name;
+  std::vector<std::pair<std::string, KnobValue>> knobs;
+};
+absl::StatusOr<PolicySpecText> ParsePolicySpecText(std::string_view text);
+
+// Everything an entry point knows about the policy to run.
+struct PolicyRequest {
+  std::string spec;               // NAME[-pooled][:KNOB=VALUE,...] (ParsePolicySpecText)
+  std::optional<int64_t> budget;  // see PolicySpec::budgeted; full ignores it
+  // Sets the `interval` knob of the policies that have one (full and rpc have none): a grid
+  // of policies shares it.
+  std::optional<int64_t> interval;
+  std::vector<std::pair<std::string, KnobValue>> knobs;  // applied before the spec's own
+};
+
+// Defaults, then `interval`, then `knobs`, then the spec's knobs (a knob given twice in one
+// list is an error; the spec's own win over `knobs`), then the budget. A `budget` knob
+// anywhere is the budget: every budget given must agree. rpc's period follows the budget
+// unless a knob sets it. The result is validated.
+absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request);
+
+// The budget a configuration keeps per head: its `budget` knob, for rpc period / ratio (the
+// generated tokens one compression round keeps), none for full.
+std::optional<int32_t> PolicyBudget(const PolicyConfig& config);
 
 }  // namespace beaconkv

@@ -45,14 +45,17 @@ struct ScoredHead {
 std::vector<int32_t> DueUniform(absl::Span<const int32_t> head_tokens, int64_t threshold);
 // Every head when the layer holds at least threshold * num_kv_heads tokens, else none.
 std::vector<int32_t> DuePooled(absl::Span<const int32_t> head_tokens, int64_t threshold);
+// The budget + interval trigger of the scored policies: DueUniform or DuePooled.
+std::vector<int32_t> DueOverBudget(BudgetMode mode, absl::Span<const int32_t> head_tokens,
+                                   int32_t budget, int32_t interval);
 
 // Position-order indexes of one head -> its keep-set (slots ascending).
-HeadKeepSet ToKeepSet(int32_t layer, int32_t kv_head, const OrderedHead& ordered,
-                      absl::Span<const int32_t> indexes);
+KeepSet ToKeepSet(int32_t layer, int32_t kv_head, const OrderedHead& ordered,
+                  absl::Span<const int32_t> indexes);
 
 // Uniform: each head keeps `budget`; pooled: the heads share budget * heads.size().
-std::vector<HeadKeepSet> SelectScoredHeads(int32_t layer, std::vector<ScoredHead>& heads,
-                                           BudgetMode mode, int64_t budget);
+std::vector<KeepSet> SelectScoredHeads(int32_t layer, std::vector<ScoredHead>& heads,
+                                       BudgetMode mode, int64_t budget);
 
 // Number of tokens with position < prompt_len (positions ascending).
 int32_t CountPrompt(const OrderedHead& ordered, int32_t prompt_len);

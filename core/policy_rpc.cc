@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "core/policy_internal.h"
 #include "core/selection.h"
+#include "core/status_macros.h"
 
 namespace beaconkv::internal {
 namespace {
@@ -22,7 +23,7 @@ class RpcState final : public PolicyState {
 
   absl::Status Observe(int32_t layer, int32_t kv_head, const StepQueries& step,
                        const HeadKeys*) override {
-    if (absl::Status s = CheckStep(layer, kv_head, step); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(CheckStep(layer, kv_head, step));
     rings_[geometry_.HeadIndex(layer, kv_head)].Push(step.post_rope);
     return absl::OkStatus();
   }
@@ -44,10 +45,9 @@ class RpcState final : public PolicyState {
     return due;
   }
 
-  absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
-                                                    absl::Span<const int32_t> due,
-                                                    int32_t) override {
-    if (absl::Status s = CheckCompressArgs(layer, heads, due, true); !s.ok()) return s;
+  absl::StatusOr<std::vector<KeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                absl::Span<const int32_t> due, int32_t) override {
+    BKV_RETURN_IF_ERROR(CheckCompressArgs(layer, heads, due, true));
     const int32_t d = geometry_.head_dim();
     const int32_t g = geometry_.group_size;
     const int32_t num_kv = geometry_.num_kv_heads;
@@ -95,7 +95,7 @@ class RpcState final : public PolicyState {
       if (protect[i]) idx.push_back(i);
     }
     std::sort(idx.begin(), idx.end());
-    std::vector<HeadKeepSet> out;
+    std::vector<KeepSet> out;
     for (int32_t h = 0; h < num_kv; ++h) out.push_back(ToKeepSet(layer, h, *ordered[h], idx));
     ++num_compressions_[layer];
     return out;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "core/policy_internal.h"
 #include "core/selection.h"
+#include "core/status_macros.h"
 
 namespace beaconkv::internal {
 namespace {
@@ -23,13 +24,12 @@ class FullState final : public PolicyState {
     return CheckHead(layer, kv_head);
   }
   std::vector<int32_t> DueHeads(int32_t, absl::Span<const int32_t>) const override { return {}; }
-  absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
-                                                    absl::Span<const int32_t> due,
-                                                    int32_t) override {
-    if (absl::Status s = CheckCompressArgs(layer, heads, due, false); !s.ok()) return s;
-    std::vector<HeadKeepSet> out;
+  absl::StatusOr<std::vector<KeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                absl::Span<const int32_t> due, int32_t) override {
+    BKV_RETURN_IF_ERROR(CheckCompressArgs(layer, heads, due, false));
+    std::vector<KeepSet> out;
     for (int32_t h : due) {
-      HeadKeepSet k{layer, h, std::vector<int32_t>(heads[h].num_tokens)};
+      KeepSet k{layer, h, std::vector<int32_t>(heads[h].num_tokens)};
       std::iota(k.slots.begin(), k.slots.end(), 0);
       out.push_back(std::move(k));
     }
@@ -49,27 +49,23 @@ class StreamingState final : public PolicyState {
     return CheckHead(layer, kv_head);
   }
   std::vector<int32_t> DueHeads(int32_t, absl::Span<const int32_t> tokens) const override {
-    return DueUniform(tokens, int64_t{config_.budget} + config_.interval);
+    return DueOverBudget(BudgetMode::kUniform, tokens, config_.budget, config_.interval);
   }
-  absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
-                                                    absl::Span<const int32_t> due,
-                                                    int32_t) override {
-    if (absl::Status s = CheckCompressArgs(layer, heads, due, false); !s.ok()) return s;
-    std::vector<HeadKeepSet> out;
-    for (int32_t h : due) {
-      OrderedHead ordered(heads[h], geometry_.head_dim());
-      const int32_t n = ordered.size();
-      std::vector<int32_t> idx;
-      if (n <= config_.budget) {
-        idx.resize(n);
-        std::iota(idx.begin(), idx.end(), 0);
-      } else {
-        for (int32_t i = 0; i < config_.n_sinks; ++i) idx.push_back(i);
-        for (int32_t i = n - (config_.budget - config_.n_sinks); i < n; ++i) idx.push_back(i);
-      }
-      out.push_back(ToKeepSet(layer, h, ordered, idx));
-    }
-    return out;
+  // A position rule: the sinks and the newest tokens are protected and fill the budget.
+  absl::StatusOr<std::vector<KeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                absl::Span<const int32_t> due, int32_t) override {
+    return CompressScored(
+        layer, heads, due,
+        {BudgetMode::kUniform, config_.budget,
+         [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
+           const int32_t n = ordered.size();
+           protect->assign(n, 0);
+           for (int32_t i = 0; i < std::min(config_.n_sinks, n); ++i) (*protect)[i] = 1;
+           for (int32_t i = std::max(n - (config_.budget - config_.n_sinks), 0); i < n; ++i) {
+             (*protect)[i] = 1;
+           }
+         },
+         [](int32_t, const OrderedHead&, absl::Span<const uint8_t>, absl::Span<float>) {}});
   }
   int64_t StateBytes() const override { return 0; }
 
@@ -87,38 +83,31 @@ class TovaState final : public PolicyState {
   std::string_view policy_name() const override { return "tova"; }
   absl::Status Observe(int32_t layer, int32_t kv_head, const StepQueries& step,
                        const HeadKeys*) override {
-    if (absl::Status s = CheckStep(layer, kv_head, step); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(CheckStep(layer, kv_head, step));
     last_[geometry_.HeadIndex(layer, kv_head)].Push(step.post_rope);
     return absl::OkStatus();
   }
   std::vector<int32_t> DueHeads(int32_t, absl::Span<const int32_t> tokens) const override {
-    return DueUniform(tokens, int64_t{config_.budget} + config_.interval);
+    return DueOverBudget(BudgetMode::kUniform, tokens, config_.budget, config_.interval);
   }
-  absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
-                                                    absl::Span<const int32_t> due,
-                                                    int32_t) override {
-    if (absl::Status s = CheckCompressArgs(layer, heads, due, false); !s.ok()) return s;
+  absl::StatusOr<std::vector<KeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                absl::Span<const int32_t> due, int32_t) override {
     const int32_t d = geometry_.head_dim();
     const int32_t g = geometry_.group_size;
-    std::vector<ScoredHead> scored;
     std::vector<float> q(static_cast<size_t>(g) * d);
     ScoreScratch scratch;
-    for (int32_t h : due) {
-      ScoredHead sh;
-      sh.kv_head = h;
-      sh.ordered = std::make_unique<OrderedHead>(heads[h], d);
-      const int32_t n = sh.ordered->size();
-      sh.scores.assign(n, 0.0f);
-      const QueryRing& ring = last_[geometry_.HeadIndex(layer, h)];
-      if (n > config_.budget && ring.size() == 1) {
-        ring.CopyOrdered(q.data());
-        AttentionScores(sh.ordered->keys(), 0, n, d, q.data(), 1, g,
-                        {GqaReduction::kMeanProbs, QueryReduction::kMax}, sh.scores.data(),
-                        &scratch);
-      }
-      scored.push_back(std::move(sh));
-    }
-    return SelectScoredHeads(layer, scored, BudgetMode::kUniform, config_.budget);
+    return CompressScored(layer, heads, due,
+                          {BudgetMode::kUniform, config_.budget,
+                           [](int32_t, const OrderedHead&, std::vector<uint8_t>*) {},
+                           [&](int32_t h, const OrderedHead& ordered, absl::Span<const uint8_t>,
+                               absl::Span<float> scores) {
+                             const QueryRing& ring = last_[geometry_.HeadIndex(layer, h)];
+                             if (ring.size() != 1) return;
+                             ring.CopyOrdered(q.data());
+                             AttentionScores(ordered.keys(), 0, ordered.size(), d, q.data(), 1, g,
+                                             {GqaReduction::kMeanProbs, QueryReduction::kMax},
+                                             scores.data(), &scratch);
+                           }});
   }
   int64_t StateBytes() const override {
     int64_t b = 0;
@@ -141,12 +130,12 @@ class H2OState final : public PolicyState {
 
   absl::Status Observe(int32_t layer, int32_t kv_head, const StepQueries& step,
                        const HeadKeys* keys) override {
-    if (absl::Status s = CheckStep(layer, kv_head, step); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(CheckStep(layer, kv_head, step));
     if (keys == nullptr) {
       return absl::InvalidArgumentError(
           "policy h2o: Observe needs the head's keys (it accumulates attention)");
     }
-    if (absl::Status s = CheckKeys(layer, kv_head, *keys); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(CheckKeys(layer, kv_head, *keys));
     const int32_t n = keys->num_tokens;
     if (n == 0) return absl::OkStatus();
     const int32_t d = geometry_.head_dim();
@@ -173,40 +162,42 @@ class H2OState final : public PolicyState {
   }
 
   std::vector<int32_t> DueHeads(int32_t, absl::Span<const int32_t> tokens) const override {
-    return DueUniform(tokens, int64_t{config_.budget} + config_.interval);
+    return DueOverBudget(BudgetMode::kUniform, tokens, config_.budget, config_.interval);
   }
 
-  absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
-                                                    absl::Span<const int32_t> due,
-                                                    int32_t) override {
-    if (absl::Status s = CheckCompressArgs(layer, heads, due, false); !s.ok()) return s;
+  absl::StatusOr<std::vector<KeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                absl::Span<const int32_t> due, int32_t) override {
     const int32_t recent =
         static_cast<int32_t>(std::floor(config_.budget * config_.recent_fraction));
-    std::vector<HeadKeepSet> out;
-    for (int32_t h : due) {
-      OrderedHead ordered(heads[h], geometry_.head_dim());
-      const int32_t n = ordered.size();
-      absl::flat_hash_map<int32_t, float>& acc = acc_[geometry_.HeadIndex(layer, h)];
-      std::vector<uint8_t> protect(n, 0);
-      std::vector<float> scores(n, 0.0f);
-      for (int32_t i = 0; i < n; ++i) {
-        protect[i] = i >= n - recent ? 1 : 0;
-        auto it = acc.find(ordered.positions()[i]);
-        if (it != acc.end()) scores[i] = it->second;
-      }
-      const std::vector<int32_t> idx = SelectUniform(
-          {absl::MakeConstSpan(ordered.positions(), n), protect, scores}, config_.budget);
-      // Scores of evicted tokens are dropped.
+    BKV_ASSIGN_OR_RETURN(
+        std::vector<KeepSet> keep,
+        CompressScored(layer, heads, due,
+                       {BudgetMode::kUniform, config_.budget,
+                        [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
+                          const int32_t n = ordered.size();
+                          protect->assign(n, 0);
+                          for (int32_t i = std::max(n - recent, 0); i < n; ++i) (*protect)[i] = 1;
+                        },
+                        [&](int32_t h, const OrderedHead& ordered, absl::Span<const uint8_t>,
+                            absl::Span<float> scores) {
+                          const auto& acc = acc_[geometry_.HeadIndex(layer, h)];
+                          for (int32_t i = 0; i < ordered.size(); ++i) {
+                            auto it = acc.find(ordered.positions()[i]);
+                            if (it != acc.end()) scores[i] = it->second;
+                          }
+                        }}));
+    // Scores of evicted tokens are dropped.
+    for (const KeepSet& k : keep) {
+      absl::flat_hash_map<int32_t, float>& acc = acc_[geometry_.HeadIndex(layer, k.kv_head)];
       absl::flat_hash_map<int32_t, float> kept;
-      kept.reserve(idx.size());
-      for (int32_t i : idx) {
-        auto it = acc.find(ordered.positions()[i]);
+      kept.reserve(k.slots.size());
+      for (int32_t slot : k.slots) {
+        auto it = acc.find(heads[k.kv_head].positions[slot]);
         if (it != acc.end()) kept.emplace(it->first, it->second);
       }
       acc = std::move(kept);
-      out.push_back(ToKeepSet(layer, h, ordered, idx));
     }
-    return out;
+    return keep;
   }
 
   int64_t StateBytes() const override {

@@ -36,12 +36,13 @@ struct StepQueries {
   const float* post_rope = nullptr;  // [group_size, head_dim]
 };
 
-// What a policy keeps in one (layer, kv_head): slot indexes in [0, num_tokens), ascending.
-// Same fields as the block manager's KeepSet, to which it converts one to one.
-struct HeadKeepSet {
+// The slots one (layer, kv_head) keeps: indexes in [0, that head's token count), ascending.
+// What a policy's Compress returns and what BlockManager::ApplyKeepSets takes.
+struct KeepSet {
   int32_t layer = 0;
   int32_t kv_head = 0;
   std::vector<int32_t> slots;  // [kept], ascending
 };
+using HeadKeepSet = KeepSet;  // the name bindings/vllm_bindings.cc still spells
 
 }  // namespace beaconkv

@@ -4,6 +4,7 @@
 
 #include "core/policy_internal.h"
 #include "core/redundancy.h"
+#include "core/status_macros.h"
 
 namespace beaconkv::internal {
 namespace {
@@ -32,44 +33,34 @@ class WindowedState final : public PolicyState {
 
   absl::Status Observe(int32_t layer, int32_t kv_head, const StepQueries& step,
                        const HeadKeys*) override {
-    if (absl::Status s = CheckStep(layer, kv_head, step); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(CheckStep(layer, kv_head, step));
     rings_[geometry_.HeadIndex(layer, kv_head)].Push(step.post_rope);
     return absl::OkStatus();
   }
 
   std::vector<int32_t> DueHeads(int32_t, absl::Span<const int32_t> tokens) const override {
-    const int64_t threshold = int64_t{p_.budget} + p_.interval;
-    return p_.budget_mode == BudgetMode::kUniform ? DueUniform(tokens, threshold)
-                                                  : DuePooled(tokens, threshold);
+    return DueOverBudget(p_.budget_mode, tokens, p_.budget, p_.interval);
   }
 
-  absl::StatusOr<std::vector<HeadKeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
-                                                    absl::Span<const int32_t> due,
-                                                    int32_t) override {
-    const bool pooled = p_.budget_mode == BudgetMode::kPooled;
-    if (absl::Status s = CheckCompressArgs(layer, heads, due, pooled); !s.ok()) return s;
-    std::vector<int32_t> all;
-    if (pooled) {
-      for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) all.push_back(h);
-      due = all;
-    }
+  // The newest `window` tokens are protected; the window's queries score the others.
+  absl::StatusOr<std::vector<KeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                absl::Span<const int32_t> due, int32_t) override {
     const int32_t d = geometry_.head_dim();
     const int32_t g = geometry_.group_size;
-    std::vector<ScoredHead> scored;
-    for (int32_t h : due) {
-      ScoredHead sh;
-      sh.kv_head = h;
-      sh.ordered = std::make_unique<OrderedHead>(heads[h], d);
-      const int32_t n = sh.ordered->size();
-      sh.scores.assign(n, 0.0f);
-      sh.protect.assign(n, 0);
-      const int32_t region = std::max(n - p_.window, 0);
-      for (int32_t i = region; i < n; ++i) sh.protect[i] = 1;
-      if (pooled || n > p_.budget)
-        ScoreHead(geometry_.HeadIndex(layer, h), *sh.ordered, region, d, g, sh.scores.data());
-      scored.push_back(std::move(sh));
-    }
-    return SelectScoredHeads(layer, scored, p_.budget_mode, p_.budget);
+    return CompressScored(layer, heads, due,
+                          {p_.budget_mode, p_.budget,
+                           [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
+                             const int32_t n = ordered.size();
+                             protect->assign(n, 0);
+                             for (int32_t i = std::max(n - p_.window, 0); i < n; ++i)
+                               (*protect)[i] = 1;
+                           },
+                           [&](int32_t h, const OrderedHead& ordered, absl::Span<const uint8_t>,
+                               absl::Span<float> scores) {
+                             const int32_t region = std::max(ordered.size() - p_.window, 0);
+                             ScoreHead(geometry_.HeadIndex(layer, h), ordered, region, d, g,
+                                       scores.data());
+                           }});
   }
 
   int64_t StateBytes() const override {

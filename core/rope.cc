@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "core/status_macros.h"
 
 namespace beaconkv {
 
@@ -20,7 +21,7 @@ absl::Status RopeConfig::Validate() const {
 }
 
 absl::StatusOr<Rope> Rope::Create(const RopeConfig& config) {
-  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(config.Validate());
   return Rope(config);
 }
 

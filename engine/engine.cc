@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "core/check.h"
+#include "core/status_macros.h"
 #include "engine/engine_config.h"
 #include "engine/tokenizer.h"
 
@@ -31,43 +32,41 @@ class ScopedTimer {
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::FromModelDir(const std::string& model_dir,
                                                              const EngineConfig& config) {
-  absl::StatusOr<ModelWeights> weights =
-      LoadModelWeights(model_dir, {.allow_nonfinite = config.allow_nonfinite_weights});
-  if (!weights.ok()) return weights.status();
+  BKV_ASSIGN_OR_RETURN(
+      ModelWeights weights,
+      LoadModelWeights(model_dir, {.allow_nonfinite = config.allow_nonfinite_weights}));
   EngineConfig c = config;
   if (c.eos_token_id < 0) {
-    absl::StatusOr<CharTokenizer> tok = CharTokenizer::Load(model_dir);
-    if (!tok.ok()) return tok.status();
+    BKV_ASSIGN_OR_RETURN(CharTokenizer tok, CharTokenizer::Load(model_dir));
     // Ids the tokenizer makes must be rows of the embedding, and ids the model samples must
     // decode: a tokenizer.json that disagrees with config.json is refused here, once.
-    if (tok->vocab_size() != weights->config.vocab_size) {
+    if (tok.vocab_size() != weights.config.vocab_size) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s: tokenizer.json has %d tokens but config.json field 'vocab_size' is %d; the "
           "tokenizer does not belong to this model",
-          model_dir, tok->vocab_size(), weights->config.vocab_size));
+          model_dir, tok.vocab_size(), weights.config.vocab_size));
     }
-    c.eos_token_id = tok->eos_id();
+    c.eos_token_id = tok.eos_id();
   }
-  return Create(*std::move(weights), c);
+  return Create(std::move(weights), c);
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(ModelWeights weights,
                                                        const EngineConfig& config_in) {
   EngineConfig config = config_in;
-  if (absl::Status s = ResolveEngineConfig(weights.config, &config); !s.ok()) return s;
-  absl::StatusOr<ModelRunner> runner =
-      ModelRunner::Create(std::move(weights), config.num_threads, config.batch_invariant);
-  if (!runner.ok()) return runner.status();
-  const ModelConfig& mc = runner->config();
+  BKV_RETURN_IF_ERROR(ResolveEngineConfig(weights.config, &config));
+  BKV_ASSIGN_OR_RETURN(
+      ModelRunner runner,
+      ModelRunner::Create(std::move(weights), config.num_threads, config.batch_invariant));
+  const ModelConfig& mc = runner.config();
   BlockManagerConfig bc;
   bc.shape = {mc.num_layers, mc.num_kv_heads, mc.head_dim, config.block_size};
   bc.num_blocks = config.num_blocks;
   bc.num_host_blocks = config.num_host_blocks;
   auto store = std::make_unique<CpuKvStore>(bc.num_blocks, bc.shape.block_size, mc.head_dim);
-  absl::StatusOr<std::unique_ptr<BlockManager>> bm = BlockManager::Create(bc, store.get());
-  if (!bm.ok()) return bm.status();
+  BKV_ASSIGN_OR_RETURN(std::unique_ptr<BlockManager> bm, BlockManager::Create(bc, store.get()));
   return std::unique_ptr<Engine>(
-      new Engine(config, *std::move(runner), std::move(store), *std::move(bm)));
+      new Engine(config, std::move(runner), std::move(store), std::move(bm)));
 }
 
 Engine::Engine(const EngineConfig& config, ModelRunner runner, std::unique_ptr<CpuKvStore> store,
@@ -95,7 +94,7 @@ absl::Status Engine::AddRequest(Request request) {
                             t, mc.vocab_size));
     }
   }
-  if (absl::Status s = request.sampling.Validate(); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(request.sampling.Validate());
   const int64_t prompt_len = static_cast<int64_t>(request.prompt.size());
   if (prompt_len >= config_.max_model_len) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -121,11 +120,10 @@ absl::Status Engine::AddRequest(Request request) {
   geo.num_kv_heads = mc.num_kv_heads;
   geo.group_size = runner_.group_size();
   geo.rope = runner_.rope().config();
-  absl::StatusOr<std::unique_ptr<PolicyState>> policy =
-      NewPolicyState(config_.policy, geo, static_cast<int32_t>(prompt_len));
-  if (!policy.ok()) return policy.status();
+  BKV_ASSIGN_OR_RETURN(std::unique_ptr<PolicyState> policy,
+                       NewPolicyState(config_.policy, geo, static_cast<int32_t>(prompt_len)));
   auto s = std::make_unique<SeqState>(
-      SeqState{request, Sampler(request.sampling), *std::move(policy), RequestOutput{}, -1, false});
+      SeqState{request, Sampler(request.sampling), std::move(policy), RequestOutput{}, -1, false});
   s->out.id = request.id;
   s->out.prompt_len = static_cast<int32_t>(prompt_len);
   waiting_.push_back(request.id);
@@ -138,7 +136,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::RunToCompletion() {
   std::vector<RequestOutput> finished;
   const double start = Now();
   while (HasUnfinishedLocked()) {
-    if (absl::Status s = StepLocked(&finished); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(StepLocked(&finished));
   }
   stats_.wall_seconds += Now() - start;
   return finished;
@@ -158,11 +156,11 @@ void Engine::Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t positi
 
 HeadKeys Engine::GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vector<float>* keys,
                             std::vector<int32_t>* positions) const {
-  const int32_t n = *bm_->RetainedTokens(id, layer, kv_head);
+  const int32_t n = BKV_CHECK_VALUE(bm_->RetainedTokens(id, layer, kv_head));
   const int32_t d = runner_.config().head_dim;
   keys->resize(static_cast<size_t>(n) * d);
   positions->resize(n);
-  const absl::Span<const BlockId> table = *bm_->BlockTable(id, layer, kv_head);
+  const absl::Span<const BlockId> table = BKV_CHECK_VALUE(bm_->BlockTable(id, layer, kv_head));
   const int32_t bs = bm_->shape().block_size;
   for (int32_t j = 0; j < n; ++j) {
     const SlotRef slot{table[j / bs], j % bs};
@@ -179,8 +177,7 @@ absl::Status Engine::Admit(SeqState& s) {
   const int64_t id = s.out.id;
   {
     ScopedTimer t(&stats_.time_bookkeeping);
-    if (absl::Status st = bm_->AddSequence(id, static_cast<int32_t>(tokens.size())); !st.ok())
-      return st;
+    BKV_RETURN_IF_ERROR(bm_->AddSequence(id, static_cast<int32_t>(tokens.size())));
   }
   s.in_cache = true;
   std::vector<float> logits(runner_.config().vocab_size);
@@ -192,8 +189,8 @@ absl::Status Engine::Admit(SeqState& s) {
   const double scoring_before = stats_.time_scoring, start = Now();
   absl::Status st = runner_.Prefill(id, tokens, *bm_, *store_, &sink, logits.data());
   stats_.time_prefill += Now() - start - (stats_.time_scoring - scoring_before);
-  if (!st.ok()) return st;
-  if (!observe_status_.ok()) return std::exchange(observe_status_, absl::OkStatus());
+  BKV_RETURN_IF_ERROR(st);
+  BKV_RETURN_IF_ERROR(std::exchange(observe_status_, absl::OkStatus()));
   stats_.prefill_tokens += static_cast<int64_t>(tokens.size());
   running_.push_back(id);
   UpdatePeak(s);  // a request that finishes here still reports the KV it held
@@ -215,17 +212,17 @@ bool Engine::Accept(SeqState& s, absl::Span<const float> logits) {
   ++stats_.generated_tokens;
   const size_t n = s.out.output.size();
   if (forced) {
-    if (n == r.forced_output.size()) s.out.finish_reason = "forced";
+    if (n == r.forced_output.size()) s.out.finish_reason = FinishReason::kForced;
   } else if (!r.sampling.ignore_eos && token == config_.eos_token_id) {
-    s.out.finish_reason = "eos";
+    s.out.finish_reason = FinishReason::kEos;
   } else if (static_cast<int32_t>(n) >= r.sampling.max_new_tokens) {
-    s.out.finish_reason = "length";
+    s.out.finish_reason = FinishReason::kLength;
   }
-  if (s.out.finish_reason.empty() &&
+  if (s.out.finish_reason == FinishReason::kRunning &&
       static_cast<int64_t>(r.prompt.size() + n) >= config_.max_model_len) {
-    s.out.finish_reason = "max_model_len";
+    s.out.finish_reason = FinishReason::kMaxModelLen;
   }
-  return !s.out.finish_reason.empty();
+  return s.out.finish_reason != FinishReason::kRunning;
 }
 
 void Engine::Finish(int64_t id, std::vector<RequestOutput>* finished) {
@@ -241,19 +238,19 @@ absl::Status Engine::Preempt(int64_t id) {
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
   ++s.out.num_preemptions;
   if (config_.preemption == PreemptionMode::kSwap &&
-      *bm_->NumBlocksOf(id) <= bm_->NumFreeHostBlocks()) {
-    if (absl::Status st = bm_->SwapOut(id); !st.ok()) return st;
+      BKV_CHECK_VALUE(bm_->NumBlocksOf(id)) <= bm_->NumFreeHostBlocks()) {
+    BKV_RETURN_IF_ERROR(bm_->SwapOut(id));
     swapped_.push_back(id);
     ++stats_.preemptions_swap;
     return absl::OkStatus();
   }
   // Recompute: drop the cache and the policy's memory; the text is re-prefilled later.
-  if (absl::Status st = bm_->FreeSequence(id); !st.ok()) return st;
+  BKV_RETURN_IF_ERROR(bm_->FreeSequence(id));
   s.in_cache = false;
-  absl::StatusOr<std::unique_ptr<PolicyState>> fresh =
-      NewPolicyState(config_.policy, s.policy->geometry(), s.policy->prompt_len());
-  if (!fresh.ok()) return fresh.status();
-  s.policy = *std::move(fresh);
+  BKV_ASSIGN_OR_RETURN(
+      std::unique_ptr<PolicyState> fresh,
+      NewPolicyState(config_.policy, s.policy->geometry(), s.policy->prompt_len()));
+  s.policy = std::move(fresh);
   waiting_.push_front(id);
   ++stats_.preemptions_recompute;
   return absl::OkStatus();
@@ -290,10 +287,10 @@ absl::Status Engine::StepLocked(std::vector<RequestOutput>* finished) {
       // swap-in is not undone by the make-room loop below.
       // Alone, it only needs its own blocks (it fitted before).
       const int32_t need =
-          *bm_->NumBlocksOf(id) +
+          BKV_CHECK_VALUE(bm_->NumBlocksOf(id)) +
           (running_.empty() ? 0 : bm_->shape().num_heads_total() + config_.watermark_blocks);
       if (need > bm_->NumFreeBlocks()) break;
-      if (absl::Status st = bm_->SwapIn(id); !st.ok()) return st;
+      BKV_RETURN_IF_ERROR(bm_->SwapIn(id));
       swapped_.pop_front();
       running_.push_back(id);
     }
@@ -314,22 +311,22 @@ absl::Status Engine::StepLocked(std::vector<RequestOutput>* finished) {
       if (alone) {
         // A preempted sequence grew past what the whole pool holds: it can never resume.
         waiting_.pop_front();
-        s.out.finish_reason = "out_of_memory";
+        s.out.finish_reason = FinishReason::kOutOfMemory;
         Finish(id, finished);
         continue;
       }
       break;
     }
     waiting_.pop_front();
-    if (absl::Status st = Admit(s); !st.ok()) return st;
-    if (!s.out.finish_reason.empty()) Finish(id, finished);
+    BKV_RETURN_IF_ERROR(Admit(s));
+    if (s.out.finish_reason != FinishReason::kRunning) Finish(id, finished);
   }
   if (!running_.empty()) {
-    if (absl::Status st = DecodeStep(finished); !st.ok()) return st;
+    BKV_RETURN_IF_ERROR(DecodeStep(finished));
   }
   UpdateMemoryStats();
   if (config_.verify_integrity) {
-    if (absl::Status st = bm_->VerifyIntegrity(); !st.ok()) return st;
+    BKV_RETURN_IF_ERROR(bm_->VerifyIntegrity());
   }
   return absl::OkStatus();
 }
@@ -341,15 +338,15 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
     // Make room for every running sequence's next token, newest admissions giving way.
     while (true) {
       int64_t needed = 0;
-      for (int64_t id : running_) needed += *bm_->BlocksNeededToAppend(id);
+      for (int64_t id : running_) needed += BKV_CHECK_VALUE(bm_->BlocksNeededToAppend(id));
       if (needed <= bm_->NumFreeBlocks()) break;
       const int64_t victim = running_.back();
       if (running_.size() == 1) {
-        seqs_.at(victim)->out.finish_reason = "out_of_memory";
+        seqs_.at(victim)->out.finish_reason = FinishReason::kOutOfMemory;
         Finish(victim, finished);
         return absl::OkStatus();
       }
-      if (absl::Status st = Preempt(victim); !st.ok()) return st;
+      BKV_RETURN_IF_ERROR(Preempt(victim));
     }
   }
   const int64_t rows = static_cast<int64_t>(running_.size());
@@ -359,11 +356,10 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   {
     ScopedTimer t(&stats_.time_bookkeeping);
     for (int64_t b = 0; b < rows; ++b) {
-      absl::Status st =
-          bm_->AppendToken(ids[b], absl::MakeSpan(slots).subspan(b * heads_total, heads_total));
-      if (!st.ok()) return st;
+      BKV_RETURN_IF_ERROR(
+          bm_->AppendToken(ids[b], absl::MakeSpan(slots).subspan(b * heads_total, heads_total)));
       tokens[b] = seqs_.at(ids[b])->pending;
-      positions[b] = *bm_->NextPosition(ids[b]) - 1;
+      positions[b] = BKV_CHECK_VALUE(bm_->NextPosition(ids[b])) - 1;
     }
   }
   std::vector<SeqState*> states(rows);
@@ -379,8 +375,8 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   absl::Status st = runner_.Decode(ids, tokens, positions, slots, *bm_, *store_, &sink,
                                    logits.data(), &stats_.time_attention);
   stats_.time_decode_forward += Now() - start - (stats_.time_scoring - scoring_before);
-  if (!st.ok()) return st;
-  if (!observe_status_.ok()) return std::exchange(observe_status_, absl::OkStatus());
+  BKV_RETURN_IF_ERROR(st);
+  BKV_RETURN_IF_ERROR(std::exchange(observe_status_, absl::OkStatus()));
   running_sum_ += static_cast<double>(rows);
   used_blocks_sum_ += static_cast<double>(bm_->NumUsedBlocks());
   ++decode_steps_;
@@ -391,8 +387,8 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
       done.push_back(ids[b]);
   }
   for (int64_t b = 0; b < rows; ++b) {
-    if (!states[b]->out.finish_reason.empty()) continue;
-    if (absl::Status cs = Compress(ids[b]); !cs.ok()) return cs;
+    if (states[b]->out.finish_reason != FinishReason::kRunning) continue;
+    BKV_RETURN_IF_ERROR(Compress(ids[b]));
   }
   for (int64_t id : done) Finish(id, finished);
   return absl::OkStatus();
@@ -402,9 +398,10 @@ absl::Status Engine::Compress(int64_t id) {
   SeqState& s = *seqs_.at(id);
   const ModelConfig& mc = runner_.config();
   std::vector<int32_t> head_tokens(mc.num_kv_heads);
-  const int32_t current = *bm_->NextPosition(id) - 1;
+  const int32_t current = BKV_CHECK_VALUE(bm_->NextPosition(id)) - 1;
   for (int32_t l = 0; l < mc.num_layers; ++l) {
-    for (int32_t g = 0; g < mc.num_kv_heads; ++g) head_tokens[g] = *bm_->RetainedTokens(id, l, g);
+    for (int32_t g = 0; g < mc.num_kv_heads; ++g)
+      head_tokens[g] = BKV_CHECK_VALUE(bm_->RetainedTokens(id, l, g));
     std::vector<int32_t> due;
     {
       ScopedTimer t(&stats_.time_selection);
@@ -419,17 +416,15 @@ absl::Status Engine::Compress(int64_t id) {
       std::vector<HeadKeys> heads(mc.num_kv_heads);
       for (int32_t g = 0; g < mc.num_kv_heads; ++g)
         heads[g] = GatherKeys(id, l, g, &keys[g], &positions[g]);
-      absl::StatusOr<std::vector<HeadKeepSet>> sets = s.policy->Compress(l, heads, due, current);
-      if (!sets.ok()) return sets.status();
-      for (HeadKeepSet& hk : *sets) keep.push_back({hk.layer, hk.kv_head, std::move(hk.slots)});
+      BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> sets, s.policy->Compress(l, heads, due, current));
+      for (KeepSet& hk : sets) keep.push_back({hk.layer, hk.kv_head, std::move(hk.slots)});
     }
     ScopedTimer t(&stats_.time_compaction);
-    absl::StatusOr<CompactionPlan> plan = bm_->ApplyKeepSets(id, keep);
-    if (!plan.ok()) return plan.status();
+    BKV_ASSIGN_OR_RETURN(CompactionPlan plan, bm_->ApplyKeepSets(id, keep));
     ++stats_.compressions;
-    stats_.tokens_evicted += plan->tokens_evicted;
-    stats_.blocks_freed_by_eviction += plan->blocks_freed;
-    s.out.tokens_evicted += plan->tokens_evicted;
+    stats_.tokens_evicted += plan.tokens_evicted;
+    stats_.blocks_freed_by_eviction += plan.blocks_freed;
+    s.out.tokens_evicted += plan.tokens_evicted;
   }
   return absl::OkStatus();
 }
@@ -446,10 +441,11 @@ void Engine::UpdatePeak(SeqState& s) {
   const KvShape& shape = bm_->shape();
   int64_t tokens = 0;
   for (int32_t l = 0; l < shape.num_layers; ++l)
-    for (int32_t g = 0; g < shape.num_kv_heads; ++g) tokens += *bm_->RetainedTokens(s.out.id, l, g);
+    for (int32_t g = 0; g < shape.num_kv_heads; ++g)
+      tokens += BKV_CHECK_VALUE(bm_->RetainedTokens(s.out.id, l, g));
   s.out.peak_retained_tokens =
       std::max(s.out.peak_retained_tokens, static_cast<double>(tokens) / shape.num_heads_total());
-  s.out.peak_blocks = std::max(s.out.peak_blocks, *bm_->NumBlocksOf(s.out.id));
+  s.out.peak_blocks = std::max(s.out.peak_blocks, BKV_CHECK_VALUE(bm_->NumBlocksOf(s.out.id)));
   stats_.peak_used_blocks = std::max(stats_.peak_used_blocks, bm_->NumUsedBlocks());
 }
 

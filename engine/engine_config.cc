@@ -7,6 +7,7 @@
 #include "block_manager/block_manager.h"
 #include "block_manager/memory_check.h"
 #include "core/policy_config.h"
+#include "core/status_macros.h"
 
 namespace beaconkv {
 namespace {
@@ -22,7 +23,7 @@ absl::Status FieldError(const char* field, int64_t value, const char* rule) {
 
 absl::Status ResolveEngineConfig(const ModelConfig& model, EngineConfig* config) {
   EngineConfig& c = *config;
-  if (absl::Status s = ValidatePolicyConfig(c.policy); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(ValidatePolicyConfig(c.policy));
   if (c.block_size < 1) return FieldError("block_size", c.block_size, ">= 1");
   if (c.max_batch < 1) return FieldError("max_batch", c.max_batch, ">= 1");
   if (c.watermark_blocks < 0) return FieldError("watermark_blocks", c.watermark_blocks, ">= 0");
@@ -80,7 +81,7 @@ absl::Status ResolveEngineConfig(const ModelConfig& model, EngineConfig* config)
   bc.shape = {model.num_layers, model.num_kv_heads, model.head_dim, c.block_size};
   bc.num_blocks = c.num_blocks;
   bc.num_host_blocks = c.num_host_blocks;
-  if (absl::Status s = BlockManager::ValidateConfig(bc); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(BlockManager::ValidateConfig(bc));
   // The device pool is a CpuKvStore here; the host (swap) pool is another.
   const int64_t device = CpuKvStoreBytes(c.num_blocks, c.block_size, model.head_dim);
   const int64_t host = CpuKvStoreBytes(c.num_host_blocks, c.block_size, model.head_dim);

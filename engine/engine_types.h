@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/policy_config.h"
@@ -44,13 +45,35 @@ struct Request {
   bool return_logits = false;  // record [num_output, vocab] logits
 };
 
+// Why a request ended; kRunning until it has.
+enum class FinishReason { kRunning, kEos, kLength, kForced, kMaxModelLen, kOutOfMemory };
+
+// "running", "eos", "length", "forced", "max_model_len", "out_of_memory".
+inline std::string_view FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kRunning:
+      return "running";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kForced:
+      return "forced";
+    case FinishReason::kMaxModelLen:
+      return "max_model_len";
+    case FinishReason::kOutOfMemory:
+      return "out_of_memory";
+  }
+  return "?";
+}
+
 struct RequestOutput {
   int64_t id = 0;
   int32_t prompt_len = 0;
   std::vector<int32_t> output;  // generated (or forced) tokens
   std::vector<float>
       logits;  // [output.size(), vocab] when requested: logits[i] predicted output[i]
-  std::string finish_reason;        // "eos", "length", "forced", "max_model_len", "out_of_memory"
+  FinishReason finish_reason = FinishReason::kRunning;
   double peak_retained_tokens = 0;  // max over steps of the mean tokens per head
   int32_t peak_blocks = 0;          // max over steps of the blocks the sequence held
   int32_t num_preemptions = 0;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "core/status_macros.h"
 #include "engine/json_file.h"
 #include "nlohmann/json.hpp"
 
@@ -86,17 +87,15 @@ absl::Status RejectUnsupported(const json& obj, const std::string& file) {
                       absl::StrFormat("is %s, but only \"silu\" (SwiGLU) is supported", v->dump()));
   }
   bool flag = false;
-  if (absl::Status s = GetBool(obj, "mlp_bias", file, &flag); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(GetBool(obj, "mlp_bias", file, &flag));
   if (flag) return FieldError(file, "mlp_bias", "is true, but MLP biases are not supported");
-  if (absl::Status s = GetBool(obj, "use_sliding_window", file, &flag); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(GetBool(obj, "use_sliding_window", file, &flag));
   if (flag) {
     return FieldError(file, "use_sliding_window",
                       "is true, but sliding-window attention is not supported");
   }
   float partial_rotary = 1.0f;
-  if (absl::Status s = GetFloat(obj, "partial_rotary_factor", file, &partial_rotary); !s.ok()) {
-    return s;
-  }
+  BKV_RETURN_IF_ERROR(GetFloat(obj, "partial_rotary_factor", file, &partial_rotary));
   if (partial_rotary != 1.0f) {
     return FieldError(file, "partial_rotary_factor",
                       absl::StrFormat("is %g, but only full rotary embeddings (1.0) are supported",
@@ -120,10 +119,9 @@ bool IsSupportedArchitecture(const std::string& architecture) {
 absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
                                                   const std::string& file_name_for_errors) {
   const std::string& file = file_name_for_errors;
-  absl::StatusOr<json> parsed = ParseJsonObject(text, file);
-  if (!parsed.ok()) return parsed.status();
-  const json& obj = *parsed;
-  if (absl::Status s = RejectUnsupported(obj, file); !s.ok()) return s;
+  BKV_ASSIGN_OR_RETURN(json parsed, ParseJsonObject(text, file));
+  const json& obj = parsed;
+  BKV_RETURN_IF_ERROR(RejectUnsupported(obj, file));
 
   ModelConfig c;
   struct IntField {
@@ -142,13 +140,11 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
       {"max_position_embeddings", true, &c.max_position_embeddings},
   };
   for (const IntField& f : int_fields) {
-    if (absl::Status s = GetInt(obj, f.key, f.required, file, f.out); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(GetInt(obj, f.key, f.required, file, f.out));
   }
-  if (absl::Status s = GetFloat(obj, "rope_theta", file, &c.rope_theta); !s.ok()) return s;
-  if (absl::Status s = GetFloat(obj, "rms_norm_eps", file, &c.rms_norm_eps); !s.ok()) return s;
-  if (absl::Status s = GetBool(obj, "tie_word_embeddings", file, &c.tie_word_embeddings); !s.ok()) {
-    return s;
-  }
+  BKV_RETURN_IF_ERROR(GetFloat(obj, "rope_theta", file, &c.rope_theta));
+  BKV_RETURN_IF_ERROR(GetFloat(obj, "rms_norm_eps", file, &c.rms_norm_eps));
+  BKV_RETURN_IF_ERROR(GetBool(obj, "tie_word_embeddings", file, &c.tie_word_embeddings));
 
   if (const json* v = Find(obj, "architectures"); v != nullptr) {
     if (!v->is_array() || v->empty() || !(*v)[0].is_string()) {
@@ -182,9 +178,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(const std::string& text,
 }
 
 absl::StatusOr<ModelConfig> ModelConfig::FromFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadTextFile(path, "model config");
-  if (!text.ok()) return text.status();
-  return FromJson(*text, path);
+  BKV_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "model config"));
+  return FromJson(text, path);
 }
 
 absl::Status ModelConfig::Validate() const {
@@ -202,7 +197,7 @@ absl::Status ModelConfig::Validate() const {
       {"max_position_embeddings", max_position_embeddings},
   };
   for (const auto& f : sizes) {
-    if (absl::Status s = Positive(f.name, f.value); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(Positive(f.name, f.value));
   }
   if (num_heads % num_kv_heads != 0) {
     return absl::InvalidArgumentError(

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "core/status_macros.h"
 #include "engine/tensor_ops.h"
 #include "kernels/paged_attention_cpu.h"
 
@@ -20,14 +21,13 @@ double Now() {
 
 absl::StatusOr<ModelRunner> ModelRunner::Create(ModelWeights weights, int num_threads,
                                                 bool batch_invariant) {
-  if (absl::Status s = weights.config.Validate(); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(weights.config.Validate());
   RopeConfig rc;
   rc.head_dim = weights.config.head_dim;
   rc.rope_theta = weights.config.rope_theta;
-  absl::StatusOr<Rope> rope = Rope::Create(rc);
-  if (!rope.ok()) return rope.status();
+  BKV_ASSIGN_OR_RETURN(Rope rope, Rope::Create(rc));
   SetBlasSingleThreaded();
-  return ModelRunner(std::move(weights), *std::move(rope), num_threads < 1 ? 1 : num_threads,
+  return ModelRunner(std::move(weights), std::move(rope), num_threads < 1 ? 1 : num_threads,
                      batch_invariant);
 }
 
@@ -91,11 +91,10 @@ absl::Status ModelRunner::Prefill(SequenceId seq, absl::Span<const int32_t> toke
           "token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i, c.vocab_size));
   }
   for (int32_t g = 0; g < c.num_kv_heads; ++g) {
-    absl::StatusOr<int32_t> held = bm.RetainedTokens(seq, 0, g);
-    if (!held.ok()) return held.status();
-    if (*held != n)
+    BKV_ASSIGN_OR_RETURN(int32_t held, bm.RetainedTokens(seq, 0, g));
+    if (held != n)
       return absl::InvalidArgumentError(absl::StrFormat(
-          "prefill of %d tokens, but sequence %d holds %d slots per head", n, seq, *held));
+          "prefill of %d tokens, but sequence %d holds %d slots per head", n, seq, held));
   }
   std::vector<int32_t> positions(n);
   for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(i);
@@ -110,7 +109,7 @@ absl::Status ModelRunner::Prefill(SequenceId seq, absl::Span<const int32_t> toke
     ProjectQkv(lw, h.data(), n, positions, q.data(), q_pre.data(), k.data(), v.data());
     for (int32_t g = 0; g < c.num_kv_heads; ++g) {
       for (int64_t i = 0; i < n; ++i) {
-        const SlotRef slot = *bm.Slot(seq, l, g, static_cast<int32_t>(i));
+        BKV_ASSIGN_OR_RETURN(const SlotRef slot, bm.Slot(seq, l, g, static_cast<int32_t>(i)));
         std::copy_n(k.data() + i * hkv + g * d, d, store.key(slot));
         std::copy_n(v.data() + i * hkv + g * d, d, store.value(slot));
       }
@@ -175,10 +174,9 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
     for (int32_t l = 0; l < c.num_layers; ++l)
       for (int32_t g = 0; g < c.num_kv_heads; ++g) {
         const int64_t idx = b * heads_total + l * c.num_kv_heads + g;
-        absl::StatusOr<absl::Span<const BlockId>> t = bm.BlockTable(seqs[b], l, g);
-        if (!t.ok()) return t.status();
-        tables[idx] = *t;
-        lengths[idx] = *bm.RetainedTokens(seqs[b], l, g);
+        BKV_ASSIGN_OR_RETURN(absl::Span<const BlockId> t, bm.BlockTable(seqs[b], l, g));
+        tables[idx] = t;
+        BKV_ASSIGN_OR_RETURN(lengths[idx], bm.RetainedTokens(seqs[b], l, g));
       }
   const int32_t bs = bm.shape().block_size;
   std::vector<float> x(rows * hid), h(rows * hid), q(rows * hq), q_pre(rows * hq), k(rows * hkv),

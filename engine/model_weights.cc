@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/status_macros.h"
 
 namespace beaconkv {
 namespace {
@@ -23,10 +24,9 @@ class TensorReader {
 
   absl::Status Read(const std::string& name, const std::vector<int64_t>& shape,
                     std::vector<float>* out) {
-    absl::StatusOr<std::vector<float>> data = file_.ReadFloat32(name, shape);
-    if (!data.ok()) return data.status();
-    if (absl::Status s = CheckFinite(name, *data); !s.ok()) return s;
-    *out = *std::move(data);
+    BKV_ASSIGN_OR_RETURN(std::vector<float> data, file_.ReadFloat32(name, shape));
+    BKV_RETURN_IF_ERROR(CheckFinite(name, data));
+    *out = std::move(data);
     used_.insert(name);
     return absl::OkStatus();
   }
@@ -113,9 +113,8 @@ absl::Status LoadLayer(const ModelConfig& c, int32_t index, TensorReader& reader
       {p + "mlp.down_proj.weight", {hidden, inter}, &w.down_proj, true},
   };
   for (const auto& t : tensors) {
-    absl::Status s = t.required ? reader.Read(t.name, t.shape, t.out)
-                                : reader.ReadOptional(t.name, t.shape, t.out);
-    if (!s.ok()) return s;
+    BKV_RETURN_IF_ERROR(t.required ? reader.Read(t.name, t.shape, t.out)
+                                   : reader.ReadOptional(t.name, t.shape, t.out));
   }
   return absl::OkStatus();
 }
@@ -125,48 +124,40 @@ absl::Status LoadLayer(const ModelConfig& c, int32_t index, TensorReader& reader
 absl::StatusOr<ModelWeights> LoadModelWeightsFrom(const ModelConfig& config,
                                                   const SafetensorsFile& file,
                                                   const WeightLoadOptions& options) {
-  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(config.Validate());
   const int64_t vocab = config.vocab_size, hidden = config.hidden_size;
   TensorReader reader(file, options);
   ModelWeights w;
   w.config = config;
-  if (absl::Status s = reader.Read("model.embed_tokens.weight", {vocab, hidden}, &w.embed);
-      !s.ok()) {
-    return s;
-  }
+  BKV_RETURN_IF_ERROR(reader.Read("model.embed_tokens.weight", {vocab, hidden}, &w.embed));
   w.layers.resize(config.num_layers);
   for (int32_t i = 0; i < config.num_layers; ++i) {
-    if (absl::Status s = LoadLayer(config, i, reader, w.layers[i]); !s.ok()) return s;
+    BKV_RETURN_IF_ERROR(LoadLayer(config, i, reader, w.layers[i]));
   }
-  if (absl::Status s = reader.Read("model.norm.weight", {hidden}, &w.final_norm); !s.ok()) {
-    return s;
-  }
+  BKV_RETURN_IF_ERROR(reader.Read("model.norm.weight", {hidden}, &w.final_norm));
   if (config.tie_word_embeddings) {
     // A tied checkpoint may still carry lm_head.weight; it must then have the right shape, but
     // the embedding is what the model uses.
     std::vector<float> unused;
-    if (absl::Status s = reader.ReadOptional("lm_head.weight", {vocab, hidden}, &unused); !s.ok()) {
-      return s;
-    }
+    BKV_RETURN_IF_ERROR(reader.ReadOptional("lm_head.weight", {vocab, hidden}, &unused));
     w.lm_head = w.embed;
   } else if (!file.Has("lm_head.weight")) {
     return absl::NotFoundError(absl::StrFormat(
         "%s: tensor 'lm_head.weight' is missing and config field 'tie_word_embeddings' is false",
         file.path()));
-  } else if (absl::Status s = reader.Read("lm_head.weight", {vocab, hidden}, &w.lm_head); !s.ok()) {
-    return s;
+  } else {
+    BKV_RETURN_IF_ERROR(reader.Read("lm_head.weight", {vocab, hidden}, &w.lm_head));
   }
-  if (absl::Status s = reader.CheckAllUsed(config); !s.ok()) return s;
+  BKV_RETURN_IF_ERROR(reader.CheckAllUsed(config));
   return w;
 }
 
 absl::StatusOr<ModelWeights> LoadModelWeights(const std::string& model_dir,
                                               const WeightLoadOptions& options) {
-  absl::StatusOr<ModelConfig> config = ModelConfig::FromFile(model_dir + "/config.json");
-  if (!config.ok()) return config.status();
-  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(model_dir + "/model.safetensors");
-  if (!file.ok()) return file.status();
-  return LoadModelWeightsFrom(*config, *file, options);
+  BKV_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(model_dir + "/config.json"));
+  BKV_ASSIGN_OR_RETURN(SafetensorsFile file,
+                       SafetensorsFile::Open(model_dir + "/model.safetensors"));
+  return LoadModelWeightsFrom(config, file, options);
 }
 
 }  // namespace beaconkv

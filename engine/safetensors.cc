@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/check.h"
+#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace beaconkv {
@@ -96,9 +97,8 @@ absl::StatusOr<TensorInfo> ParseEntry(const std::string& name, const json& entry
     return absl::InvalidArgumentError(
         absl::StrFormat("field 'dtype' must be a string, got %s", dtype_it->dump()));
   }
-  absl::StatusOr<DType> dtype = ParseDType(dtype_it->get<std::string>());
-  if (!dtype.ok()) return dtype.status();
-  info.dtype = *dtype;
+  BKV_ASSIGN_OR_RETURN(DType dtype, ParseDType(dtype_it->get<std::string>()));
+  info.dtype = dtype;
 
   auto shape_it = entry.find("shape");
   if (shape_it == entry.end()) return absl::InvalidArgumentError("field 'shape' is missing");
@@ -108,10 +108,9 @@ absl::StatusOr<TensorInfo> ParseEntry(const std::string& name, const json& entry
   }
   int64_t numel = 1;
   for (const json& dim : *shape_it) {
-    absl::StatusOr<int64_t> d = NonNegativeInt(dim, "shape");
-    if (!d.ok()) return d.status();
-    info.shape.push_back(*d);
-    if (__builtin_mul_overflow(numel, *d, &numel)) {
+    BKV_ASSIGN_OR_RETURN(int64_t d, NonNegativeInt(dim, "shape"));
+    info.shape.push_back(d);
+    if (__builtin_mul_overflow(numel, d, &numel)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "field 'shape' %s has more elements than fit in int64", shape_it->dump()));
     }
@@ -130,27 +129,25 @@ absl::StatusOr<TensorInfo> ParseEntry(const std::string& name, const json& entry
     return absl::InvalidArgumentError(absl::StrFormat(
         "field 'data_offsets' must be a list [begin, end], got %s", offsets_it->dump()));
   }
-  absl::StatusOr<int64_t> begin = NonNegativeInt((*offsets_it)[0], "data_offsets");
-  if (!begin.ok()) return begin.status();
-  absl::StatusOr<int64_t> end = NonNegativeInt((*offsets_it)[1], "data_offsets");
-  if (!end.ok()) return end.status();
-  if (*begin > *end) {
+  BKV_ASSIGN_OR_RETURN(int64_t begin, NonNegativeInt((*offsets_it)[0], "data_offsets"));
+  BKV_ASSIGN_OR_RETURN(int64_t end, NonNegativeInt((*offsets_it)[1], "data_offsets"));
+  if (begin > end) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("field 'data_offsets' [%d, %d] has begin > end", *begin, *end));
+        absl::StrFormat("field 'data_offsets' [%d, %d] has begin > end", begin, end));
   }
-  if (*end > data_size) {
+  if (end > data_size) {
     return absl::InvalidArgumentError(
         absl::StrFormat("field 'data_offsets' [%d, %d] runs past the data section of %d bytes "
                         "(truncated file?)",
-                        *begin, *end, data_size));
+                        begin, end, data_size));
   }
-  if (*end - *begin != num_bytes) {
+  if (end - begin != num_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "field 'data_offsets' [%d, %d] spans %d bytes, but shape %s of %s needs %d bytes", *begin,
-        *end, *end - *begin, ShapeString(info.shape), DTypeName(info.dtype), num_bytes));
+        "field 'data_offsets' [%d, %d] spans %d bytes, but shape %s of %s needs %d bytes", begin,
+        end, end - begin, ShapeString(info.shape), DTypeName(info.dtype), num_bytes));
   }
-  info.data_begin = *begin;
-  info.data_end = *end;
+  info.data_begin = begin;
+  info.data_end = end;
   return info;
 }
 
@@ -321,10 +318,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   SafetensorsFile file;
   file.path_ = path;
   file.mapping_ = std::make_shared<const Mapping>(data, size);
-  absl::StatusOr<std::vector<TensorInfo>> tensors =
-      ParseHeader(file.mapping_->bytes(), path, &file.data_offset_);
-  if (!tensors.ok()) return tensors.status();
-  file.tensors_ = *std::move(tensors);
+  BKV_ASSIGN_OR_RETURN(std::vector<TensorInfo> tensors,
+                       ParseHeader(file.mapping_->bytes(), path, &file.data_offset_));
+  file.tensors_ = std::move(tensors);
   for (size_t i = 0; i < file.tensors_.size(); ++i) file.index_[file.tensors_[i].name] = i;
   return file;
 }

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "absl/strings/str_format.h"
+#include "core/status_macros.h"
 #include "engine/json_file.h"
 #include "nlohmann/json.hpp"
 
@@ -63,17 +64,15 @@ absl::StatusOr<CharTokenizer> CharTokenizer::Load(const std::string& path_or_mod
   std::string path = path_or_model_dir;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) path = path + "/tokenizer.json";
-  absl::StatusOr<std::string> text = ReadTextFile(path, "tokenizer file");
-  if (!text.ok()) return text.status();
-  return FromJson(*text, path);
+  BKV_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "tokenizer file"));
+  return FromJson(text, path);
 }
 
 absl::StatusOr<CharTokenizer> CharTokenizer::FromJson(const std::string& text,
                                                       const std::string& file_name_for_errors) {
   const std::string& file = file_name_for_errors;
-  absl::StatusOr<json> parsed = ParseJsonObject(text, file);
-  if (!parsed.ok()) return parsed.status();
-  const json& obj = *parsed;
+  BKV_ASSIGN_OR_RETURN(json parsed, ParseJsonObject(text, file));
+  const json& obj = parsed;
   auto model = obj.find("model");
   if (model == obj.end()) return FieldError(file, "model", "is missing");
   if (!model->is_object()) return FieldError(file, "model", "must be an object");

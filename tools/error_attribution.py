@@ -61,17 +61,17 @@ def attribute(trace, evicted_at: np.ndarray, query_positions, decode, min_mass: 
 
 
 def run(model_dir: str, split: str, policy: str, budget: int | None, interval: int | None,
-        knobs: dict, num: int | None, min_mass: float = 0.1, top: int = 3,
+        knobs: dict | list, num: int | None, min_mass: float = 0.1, top: int = 3,
         max_errors: int = 3, problems: list[dict] | None = None) -> dict:
     from beaconkv.evaluate import _forced_run, load_problems
     from beaconkv.reference import Model
-    from beaconkv.replay import eviction_steps, make_config, record_trace
+    from beaconkv.replay import eviction_steps, policy_configs, record_trace
     from beaconkv.tokenizer import CharTokenizer
 
     if problems is None:
         problems = load_problems(model_dir, split, num)
     tok = CharTokenizer.load(model_dir)
-    cfg = make_config(policy, budget, interval, knobs)
+    cfg = policy_configs([policy], budget, interval, knobs)[policy]
     outs, _, _ = _forced_run(model_dir, problems, tok, cfg, 16, 16, 0, "recompute", None,
                              policy)
     model = Model(model_dir)
@@ -116,8 +116,6 @@ def render(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from beaconkv.validate import parse_knobs
-
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "tiny-reasoner"))
@@ -133,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the result as JSON here")
     args = ap.parse_args(argv)
     result = run(args.model, args.split, args.policy, args.budget, args.interval,
-                 parse_knobs(args.knob), args.num, args.min_mass, args.top, args.max_errors)
+                 args.knob or [], args.num, args.min_mass, args.top, args.max_errors)
     print(render(result))
     if args.json:
         with open(args.json, "w") as f:

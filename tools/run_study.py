@@ -10,11 +10,13 @@ File names: ``<policy>_b<budget>.json`` (greedy, beaconkv.evaluate.evaluate) and
 ``<policy>_b<budget>_tf.json`` (teacher forced, evaluate_teacher_forced); ``full.json`` and
 ``full_tf.json`` once, since full ignores the budget. ``<policy>-pooled`` runs the policy
 with pooled budgets (beacon, snapkv); ``<policy>:knob=value,...`` a variant with its own knobs
-(``beacon:n_recent=32`` -> ``beacon__n_recent-32_b64.json``). rpc has no budget: at budget B it runs with
-period = ratio x B (beaconkv.replay.resolve_policy), so its first round keeps B tokens.
+(``beacon:n_recent=32`` -> ``beacon__n_recent-32_b64.json``). The core's registry builds every
+configuration (``beaconkv.make_policy_config``, as ``beaconkv eval`` does): rpc at budget B
+runs with period = ratio x B, so its first round keeps B tokens; a --knob that a policy of the
+grid does not have is an error (give per-policy knobs in the spec instead).
 
 Each file holds what ``beaconkv eval --json`` writes plus ``variant`` (the policy as named
-here), ``study_budget``, ``mode`` (greedy / teacher_forced), ``split`` and ``policy_knobs``.
+here), ``study_budget``, ``mode`` (greedy / teacher_forced) and ``split``.
 Then ``python3 tools/make_results.py`` writes the table and the plot.
 """
 
@@ -58,21 +60,17 @@ _FULL_TF: dict = {}  # the full-cache teacher-forced run, shared by every policy
 
 
 def run_one(args: argparse.Namespace, spec: str, budget: int | None, mode: str) -> dict:
-    from beaconkv.validate import parse_knobs
     from beaconkv.evaluate import evaluate, evaluate_teacher_forced
-    from beaconkv.replay import resolve_policy
 
-    name, knobs = resolve_policy(spec, budget, args.interval, parse_knobs(args.knob))
-    knobs.pop("budget", None)  # evaluate() applies the budget itself
-    kw = dict(num=args.num, max_batch=args.max_batch, progress=sys.stderr, policy_knobs=knobs)
+    kw = dict(num=args.num, max_batch=args.max_batch, progress=sys.stderr,
+              policy_knobs=args.knob, interval=args.interval)
     if mode == "tf":
-        r = evaluate_teacher_forced(args.model, args.split, name, budget, full_cache=_FULL_TF,
+        r = evaluate_teacher_forced(args.model, args.split, spec, budget, full_cache=_FULL_TF,
                                     **kw)
     else:
-        r = evaluate(args.model, args.split, name, budget, **kw).as_dict()
+        r = evaluate(args.model, args.split, spec, budget, **kw).as_dict()
     r.update(variant=spec, study_budget=budget,
-             mode="teacher_forced" if mode == "tf" else "greedy", split=args.split,
-             policy_knobs=knobs)
+             mode="teacher_forced" if mode == "tf" else "greedy", split=args.split)
     return r
 
 
@@ -99,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="compression interval for every policy that has one (default: each "
                         "policy's own)")
     p.add_argument("--knob", action="append", metavar="NAME=VALUE",
-                   help="policy knob override, applied where the policy has it (repeatable)")
+                   help="policy knob override for every policy of the grid (repeatable); "
+                        "each policy must have it")
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "results"))
     p.add_argument("--skip-existing", action="store_true",

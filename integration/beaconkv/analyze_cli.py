@@ -1,6 +1,7 @@
 """``beaconkv analyze``: the revisit analysis of a split, and optionally the policy replay.
+The one entry point for both (beaconkv.revisit and beaconkv.replay are its libraries).
 
-    beaconkv analyze --model DIR --split dev --out OUT [--num N]
+    beaconkv analyze --model DIR --split dev --out OUT [--num N] [--prefix testbed]
     beaconkv analyze --model DIR --split dev --out OUT --replay --budget 64 \\
         [--policies beacon snapkv ...] [--interval 16] [--knob n_beacons=8]
 
@@ -72,14 +73,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     split_path = resolve_split(args.model, args.split)
     policies = args.policies or default_policies()
-    from .validate import parse_knobs
-
-    knobs = parse_knobs(args.knob)
+    knobs = args.knob or []
     if args.replay:
-        from .replay import make_config
+        from .replay import policy_configs
 
-        for spec in policies:  # fail on a bad name or knob before the long part
-            make_config(spec, args.budget, args.interval, knobs).validate()
+        policy_configs(policies, args.budget, args.interval, knobs)  # a bad knob fails first
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         if args.max_target_tokens is not None:
@@ -90,7 +88,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             res = revisit.analyze(args.model, split_path, args.num, k_max=args.k,
                                   threshold_frac=args.threshold_frac,
                                   check_greedy=not args.no_greedy_check)
-            paths = revisit.plot(res, args.out, prefix="revisit")
+            paths = revisit.plot(res, args.out, prefix=args.prefix)
         s = res["summary"]
         summary = {
             "model": args.model, "split": args.split, "problems": s["problems"],
@@ -121,15 +119,16 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_analyze_parser(subparsers) -> argparse.ArgumentParser:
-    from .cli import default_model_dir
-    from .validate import float_arg, int_arg
+def add_analyze_parser(subparsers, default_model: str) -> argparse.ArgumentParser:
+    from .validate import float_arg, int_arg, policy_help
 
     a = subparsers.add_parser("analyze", help="revisit analysis (+ policy replay) of a split")
-    a.add_argument("--model", default=default_model_dir(), help="HF-style model directory")
+    a.add_argument("--model", default=default_model, help="HF-style model directory")
     a.add_argument("--split", default="dev", help="dev, test, or a .jsonl file")
     a.add_argument("--out", required=True, help="output directory (PNGs + summary.json)")
     a.add_argument("--num", type=int_arg(1), default=8, help="first N problems")
+    a.add_argument("--prefix", default="revisit",
+                   help="file name prefix of the revisit PNGs (docs/ uses testbed)")
     a.add_argument("--k", type=int_arg(1), default=150, help="top-K for the mean distance")
     a.add_argument("--threshold-frac", type=float_arg(0.0, 1.0), default=0.15,
                    help="global query: distance above this fraction of the sequence length")
@@ -140,12 +139,14 @@ def add_analyze_parser(subparsers) -> argparse.ArgumentParser:
     a.add_argument("--replay", action="store_true",
                    help="replay each policy's evictions; report the missed revisit mass")
     a.add_argument("--policies", nargs="+", default=None,
-                   help="policy names, '<name>-pooled' for pooled budgets (default: all)")
+                   help="policies to replay, each a " + policy_help() + " (default: every "
+                        "policy, and beacon-pooled)")
     a.add_argument("--budget", type=int_arg(1), default=DEFAULT_BUDGET, help="KV tokens kept per head")
     a.add_argument("--interval", type=int_arg(1), default=None,
                    help="compression interval for every policy that has one (default: each "
                         "policy's own)")
     a.add_argument("--knob", action="append", metavar="NAME=VALUE",
-                   help="policy knob override, applied where the policy has it (repeatable)")
+                   help="policy knob override for every replayed policy (repeatable); each "
+                        "policy must have it (per-policy knobs: --policies NAME:KNOB=VALUE)")
     a.set_defaults(func=cmd_analyze)
     return a

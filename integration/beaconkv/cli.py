@@ -19,25 +19,15 @@ def default_model_dir() -> str:
     return os.path.abspath("models/tiny-reasoner")
 
 
-def _policy_knobs(args: argparse.Namespace) -> dict:
-    """The --knob overrides; a ``budget`` knob is folded into ``args.budget``."""
-    from .validate import merge_budget, parse_knobs
-
-    args.budget, knobs = merge_budget(args.budget, parse_knobs(args.knob))
-    return knobs
-
-
 def _cmd_generate(args: argparse.Namespace) -> int:
     import beaconkv
 
-    from .evaluate import make_policy
     from .tokenizer import CharTokenizer
 
     tok = CharTokenizer.load(args.model)
     prompt = args.prompt.replace("\\n", "\n")
-    knobs = _policy_knobs(args)
-    engine = beaconkv.Engine(args.model, policy=make_policy(args.policy, args.budget, **knobs),
-                             allow_nonfinite=args.allow_nonfinite)
+    policy = beaconkv.make_policy_config(args.policy, args.budget, knobs=args.knob)
+    engine = beaconkv.Engine(args.model, policy=policy, allow_nonfinite=args.allow_nonfinite)
     engine.add_request(0, [tok.bos_id] + tok.encode(prompt), max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     out = engine.run()[0]
@@ -52,10 +42,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate, evaluate_teacher_forced
 
-    knobs = _policy_knobs(args)
     kw = dict(num=args.num, max_batch=args.max_batch, block_size=args.block_size,
               num_blocks=args.kv_blocks, preemption=args.preemption, progress=sys.stderr,
-              policy_knobs=knobs)
+              policy_knobs=args.knob)
     if args.teacher_forced:
         r = evaluate_teacher_forced(args.model, args.split, args.policy, args.budget, **kw)
     else:
@@ -90,25 +79,28 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .validate import UINT64_MAX, float_arg, int_arg
+    from .validate import UINT64_MAX, float_arg, int_arg, knob_help, policy_help
 
     parser = argparse.ArgumentParser(prog="beaconkv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, policy_default: str = "full") -> None:
         p.add_argument("--model", default=default_model_dir(), help="HF-style model directory")
-        p.add_argument("--policy", default=policy_default, help="eviction policy name")
-        p.add_argument("--budget", type=int_arg(1), default=None, help="KV tokens kept per head")
-        p.add_argument("--knob", action="append", metavar="NAME=VALUE",
-                       help="override a policy knob (repeatable), e.g. --knob interval=32")
+        p.add_argument("--policy", default=policy_default, help=policy_help())
+        p.add_argument("--budget", type=int_arg(1), default=None,
+                       help="KV tokens kept per head (rpc: period = ratio x budget)")
+        p.add_argument("--knob", action="append", metavar="NAME=VALUE", help=knob_help())
 
     g = sub.add_parser("generate", help="generate text for one prompt")
     common(g)
     g.add_argument("--prompt", required=True, help="prompt text (\\n for newlines)")
-    g.add_argument("--max-new-tokens", type=int_arg(1), default=2048)
-    g.add_argument("--temperature", type=float_arg(0.0, 1e6), default=0.0)
-    g.add_argument("--top-p", type=float_arg(0.0, 1.0, lo_open=True), default=1.0)
-    g.add_argument("--seed", type=int_arg(0, UINT64_MAX), default=0)
+    g.add_argument("--max-new-tokens", type=int_arg(1), default=2048,
+                   help="most tokens to generate")
+    g.add_argument("--temperature", type=float_arg(0.0, 1e6), default=0.0,
+                   help="sampling temperature; 0 = greedy")
+    g.add_argument("--top-p", type=float_arg(0.0, 1.0, lo_open=True), default=1.0,
+                   help="nucleus sampling mass, in (0, 1]")
+    g.add_argument("--seed", type=int_arg(0, UINT64_MAX), default=0, help="sampling seed")
     g.add_argument("--allow-nonfinite", action="store_true",
                    help="load NaN/Inf weights with a warning instead of failing")
     g.set_defaults(func=_cmd_generate)
@@ -117,19 +109,24 @@ def build_parser() -> argparse.ArgumentParser:
     common(e)
     e.add_argument("--split", default="dev", help="dev, test, or a .jsonl file")
     e.add_argument("--num", type=int_arg(1), default=None, help="first K problems only")
-    e.add_argument("--max-batch", type=int_arg(1), default=16)
-    e.add_argument("--block-size", type=int_arg(1), default=16)
+    e.add_argument("--max-batch", type=int_arg(1), default=16,
+                   help="most sequences running at once")
+    e.add_argument("--block-size", type=int_arg(1), default=16,
+                   help="token slots per KV block (one block: one head of one sequence)")
     e.add_argument("--kv-blocks", type=int_arg(0), default=0, help="device pool size (0 = ample)")
-    e.add_argument("--preemption", choices=["recompute", "swap"], default="recompute")
+    e.add_argument("--preemption", choices=["recompute", "swap"], default="recompute",
+                   help="what a preempted sequence does: recompute (re-prefill later) or swap "
+                        "(to host memory and back)")
     e.add_argument("--json", help="write the result as JSON here")
     e.add_argument("--teacher-forced", action="store_true",
                    help="feed the reference outputs; compare with the full cache")
     e.set_defaults(func=_cmd_eval)
 
     d = sub.add_parser("demo", help="the main job: full cache vs BeaconKV vs a baseline")
-    d.add_argument("--model", default=default_model_dir())
+    d.add_argument("--model", default=default_model_dir(), help="HF-style model directory")
     d.add_argument("--num", type=int_arg(1), default=24, help="dev problems to evaluate")
-    d.add_argument("--budget", type=int_arg(1), default=None)
+    d.add_argument("--budget", type=int_arg(1), default=None,
+                   help="KV tokens kept per head by beacon and snapkv (default 128)")
     d.add_argument("--block-manager", action="store_true",
                    help="narrate the block manager's mechanics instead")
     d.set_defaults(func=_cmd_demo)
@@ -137,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .analyze_cli import add_analyze_parser
     from .throughput import add_bench_parser
 
-    add_analyze_parser(sub)
+    add_analyze_parser(sub, default_model_dir())
     add_bench_parser(sub, default_model_dir())
     return parser
 

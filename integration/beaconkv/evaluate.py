@@ -10,18 +10,6 @@ from typing import Callable, TextIO
 from .task import extract_answer, read_split
 from .tokenizer import CharTokenizer
 
-BUDGETED = {"streaming", "h2o", "tova", "snapkv", "rkv", "beacon"}
-
-
-def make_policy(name: str, budget: int | None = None, **knobs):
-    """The policy config for `name`; `budget` applies to every budgeted policy (rpc is
-    ratio-based and full keeps everything, so both ignore it)."""
-    import beaconkv
-
-    if budget is not None and name in BUDGETED:
-        knobs["budget"] = budget
-    return beaconkv.policy_config(name, **knobs)
-
 
 def resolve_split(model_dir: str, split: str) -> str:
     """A split name (dev, test, heldout-<seed>: a file data/<name>.jsonl of the model) or a
@@ -47,8 +35,8 @@ def load_problems(model_dir: str, split: str, num: int | None = None) -> list[di
 
 @dataclass
 class EvalResult:
-    policy: str
-    budget: int | None
+    policy: str  # as named: NAME[-pooled][:KNOB=VALUE,...]
+    budget: int | None  # tokens kept per head (rpc: period / ratio); None for full
     num_problems: int
     accuracy: float
     mean_generated_tokens: float
@@ -60,6 +48,7 @@ class EvalResult:
     preemptions: int
     out_of_memory: int  # requests the pool could not hold to the end (scored as wrong)
     engine_stats: dict
+    policy_config: dict  # every knob of the configuration that ran
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -92,16 +81,20 @@ class Progress:
 def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
              num: int | None = None, max_batch: int = 16, block_size: int = 16,
              num_blocks: int = 0, preemption: str = "recompute", max_new_tokens: int = 0,
-             progress: TextIO | None = None, policy_knobs: dict | None = None,
-             on_output: Callable[[dict, dict], None] | None = None) -> EvalResult:
-    """Greedy-decodes the first `num` problems of `split` with `policy` at `budget`."""
+             progress: TextIO | None = None, policy_knobs: dict | list | None = None,
+             on_output: Callable[[dict, dict], None] | None = None,
+             interval: int | None = None) -> EvalResult:
+    """Greedy-decodes the first `num` problems of `split` with `policy` at `budget`.
+
+    `policy` (``NAME[-pooled][:KNOB=VALUE,...]``), `budget`, `interval` and `policy_knobs` go
+    to the core's registry (``beaconkv.make_policy_config``), as in every entry point."""
     import json
 
     import beaconkv
 
     problems = load_problems(model_dir, split, num)
     tok = CharTokenizer.load(model_dir)
-    cfg = make_policy(policy, budget, **(policy_knobs or {}))
+    cfg = beaconkv.make_policy_config(policy, budget, interval=interval, knobs=policy_knobs)
     engine = beaconkv.Engine(model_dir, policy=cfg, block_size=block_size,
                              num_blocks=num_blocks, max_batch=max_batch, preemption=preemption)
     limit = max_new_tokens or 2 * max(len(p["target"]) for p in problems) + 16
@@ -132,14 +125,14 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
     n = len(outputs)
     stats = json.loads(engine.stats_json())
     return EvalResult(
-        policy=policy, budget=budget if policy in BUDGETED else None, num_problems=n,
+        policy=policy, budget=beaconkv.policy_budget(cfg), num_problems=n,
         accuracy=correct / n, mean_generated_tokens=gen_tokens / n,
         peak_kv_tokens_per_seq=peak / n, full_kv_tokens_per_seq=full / n,
         compression_ratio=full / peak if peak else 1.0,
         tokens_per_second=gen_tokens / wall if wall > 0 else 0.0, wall_seconds=wall,
         preemptions=stats["preemptions"]["recompute"] + stats["preemptions"]["swap"],
         out_of_memory=sum(o["finish_reason"] == "out_of_memory" for o in outputs),
-        engine_stats=stats)
+        engine_stats=stats, policy_config=cfg.to_dict())
 
 
 def _log_softmax(x):
@@ -178,8 +171,9 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
                             num: int | None = None, max_batch: int = 16, block_size: int = 16,
                             num_blocks: int = 0, preemption: str = "recompute",
                             progress: TextIO | None = None,
-                            policy_knobs: dict | None = None,
-                            full_cache: dict | None = None) -> dict:
+                            policy_knobs: dict | list | None = None,
+                            full_cache: dict | None = None,
+                            interval: int | None = None) -> dict:
     """Feeds each problem's reference output and compares the policy's next-token
     distributions with the full cache's: greedy agreement, mean KL(full || policy), and
     accuracy on the retrieval tokens (those the generator marks as read from far back).
@@ -190,8 +184,12 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
     (model, split, problems, batching) instead of once per policy."""
     import numpy as np
 
+    import beaconkv
+
     problems = load_problems(model_dir, split, num)
     tok = CharTokenizer.load(model_dir)
+    # A bad knob fails before the full-cache run.
+    cfg = beaconkv.make_policy_config(policy, budget, interval=interval, knobs=policy_knobs)
     common = (max_batch, block_size, num_blocks, preemption, progress)
     key = (os.path.abspath(model_dir), split, len(problems), max_batch, block_size)
     if full_cache is not None and key in full_cache:
@@ -200,7 +198,6 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
         full, _, _ = _forced_run(model_dir, problems, tok, "full", *common, "full (reference)")
         if full_cache is not None:
             full_cache[key] = full
-    cfg = make_policy(policy, budget, **(policy_knobs or {}))
     outs, wall, stats = _forced_run(model_dir, problems, tok, cfg, *common, f"forced {policy}")
     oom = sorted(i for i, o in outs.items() if o["finish_reason"] == "out_of_memory")
     if oom:
@@ -228,7 +225,7 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
         full_len += outs[i]["prompt_len"] + len(target)
     n = len(problems)
     return {
-        "policy": policy, "budget": budget if policy in BUDGETED else None, "num_problems": n,
+        "policy": policy, "budget": beaconkv.policy_budget(cfg), "num_problems": n,
         "teacher_forced": True, "accuracy": exact / n,
         "mean_generated_tokens": positions / n,
         "peak_kv_tokens_per_seq": peak / n, "full_kv_tokens_per_seq": full_len / n,
@@ -239,5 +236,5 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
         "full_retrieval_accuracy": ret_full_hit / ret_total if ret_total else float("nan"),
         "preemptions": stats["preemptions"]["recompute"] + stats["preemptions"]["swap"],
         "out_of_memory": sum(o["finish_reason"] == "out_of_memory" for o in outs.values()),
-        "engine_stats": stats,
+        "engine_stats": stats, "policy_config": cfg.to_dict(),
     }

@@ -118,24 +118,27 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
-    """HF Llama rotate-half RoPE. x [..., T, head_dim], positions [T]."""
+    """HF Llama rotate-half RoPE. x [..., T, head_dim], positions [T].
+
+    The twin of core/rope.cc, operation for operation: inv_freq in float64 stored as float32
+    (as HF), angles = float32 position x inv_freq in float32, cos/sin in float64 rounded to
+    float32. The NumPy policy oracle (tests/python/numpy_policies.py) uses this one too."""
     hd = x.shape[-1]
-    inv_freq = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd)  # [hd/2]
-    angles = positions[:, None].astype(np.float32) * inv_freq[None, :]  # [T, hd/2]
-    cos = np.cos(np.concatenate([angles, angles], -1)).astype(np.float32)  # [T, hd]
-    sin = np.sin(np.concatenate([angles, angles], -1)).astype(np.float32)
+    inv_freq = (1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)).astype(np.float32)
+    angles = (positions[:, None].astype(np.float32) * inv_freq[None, :]).astype(np.float64)
+    cos = np.cos(angles).astype(np.float32)  # [T, hd/2]
+    sin = np.sin(angles).astype(np.float32)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-    rotated = np.concatenate([-x2, x1], axis=-1)
-    return x * cos + rotated * sin
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
 
 
 @dataclasses.dataclass

@@ -35,65 +35,18 @@ from beaconkv import task
 from beaconkv.reference import Model, rope
 from beaconkv.revisit import query_distances
 
-# "<policy>-pooled" names a policy run with pooled budgets across the kv heads of a layer.
-POOLED_SUFFIX = "-pooled"
 NEVER = np.iinfo(np.int64).max  # eviction step of a position that is never evicted
 
 
-def parse_policy_spec(spec: str) -> tuple[str, dict]:
-    """A policy variant as named in a study: ``NAME[-pooled][:KNOB=VALUE[,KNOB=VALUE...]]``.
-
-    'beacon' -> ('beacon', {}); 'beacon-pooled' -> ('beacon', {'budget_mode': 'pooled'});
-    'beacon:n_recent=32,protect_prompt=false' -> ('beacon', {'n_recent': 32,
-    'protect_prompt': False}). Values are JSON where they parse as JSON, else strings."""
-    from .validate import parse_knobs
-
-    name, sep, knob_text = spec.partition(":")
-    extra = {}
-    if name.endswith(POOLED_SUFFIX):
-        name, extra = name[: -len(POOLED_SUFFIX)], {"budget_mode": "pooled"}
-    if sep:
-        if not knob_text:
-            raise ValueError(f"policy {spec!r}: expected KNOB=VALUE after ':'")
-        extra.update(parse_knobs(knob_text.split(",")))
-    return name, extra
-
-
-def resolve_policy(spec: str, budget: int | None = None, interval: int | None = None,
-                   knobs: dict | None = None) -> tuple[str, dict]:
-    """(policy name, knobs) of `spec` at `budget`. `interval` and `knobs` apply to the
-    policies that have such knobs (others ignore them; full has none).
-
-    rpc has no budget: it keeps period/ratio generated tokens per compression round. Given a
-    budget it gets period = ratio x budget (unless `knobs` set the period), so its first
-    round keeps `budget` generated tokens; the default period (1024) would barely compress
-    the tiny model's ~1,000-token traces."""
+def policy_configs(policies: list[str], budget: int | None = None, interval: int | None = None,
+                   knobs: dict | list | None = None) -> dict:
+    """{spec: config} for a grid of policy specs (``NAME[-pooled][:KNOB=VALUE,...]``) sharing
+    a budget, an interval and knobs, built by the core's registry exactly as ``beaconkv eval``
+    builds one: an unknown policy or knob raises ValueError."""
     import beaconkv
 
-    name, extra = parse_policy_spec(spec)
-    defaults = beaconkv.policy_config(name).to_dict()
-    missing = set(extra) - set(defaults)
-    if missing:
-        raise ValueError(f"policy {spec!r}: {name} has no knob {sorted(missing)[0]!r}")
-    wanted = dict(extra)
-    if budget is not None:
-        wanted["budget"] = budget
-        if name == "rpc":
-            wanted["period"] = int((knobs or {}).get("ratio", defaults["ratio"]) * budget)
-    if interval is not None:
-        wanted["interval"] = interval
-    wanted.update(knobs or {})
-    wanted.update(extra)  # the variant's own knobs win over grid-wide ones
-    return name, {k: v for k, v in wanted.items() if k in defaults}
-
-
-def make_config(spec: str, budget: int | None = None, interval: int | None = None,
-                knobs: dict | None = None):
-    """The policy config object of `spec` (see resolve_policy)."""
-    import beaconkv
-
-    name, kn = resolve_policy(spec, budget, interval, knobs)
-    return beaconkv.policy_config(name, **kn)
+    return {p: beaconkv.make_policy_config(p, budget, interval=interval, knobs=knobs)
+            for p in policies}
 
 
 def truncate_record(rec: dict, max_target_tokens: int | None) -> dict:
@@ -301,11 +254,10 @@ def replay_traces(traces: Iterable[Trace], policies: dict, k_max: int = 150,
 
 
 def replay_split(model_dir: str, split: str, policies: list[str], budget: int | None = None,
-                 num: int = 4, interval: int | None = None, knobs: dict | None = None,
+                 num: int = 4, interval: int | None = None, knobs: dict | list | None = None,
                  k_max: int = 150, threshold_frac: float = 0.15,
                  max_target_tokens: int | None = None) -> dict:
-    """Missed revisit mass of each policy spec (a name, or '<name>-pooled') on the first `num`
-    problems of `split` (dev, test or a .jsonl path). Returns a JSON-ready summary."""
+    """Missed revisit mass of each policy spec (see policy_configs) on the first `num` problems of `split` (dev, test or a .jsonl path). Returns a JSON-ready summary."""
     from beaconkv.evaluate import resolve_split
 
     model = Model(model_dir)
@@ -313,11 +265,11 @@ def replay_split(model_dir: str, split: str, policies: list[str], budget: int | 
             for r in task.read_split(resolve_split(model_dir, split))[:num]]
     if not recs:
         raise ValueError(f"split {split!r}: no problems to replay")
-    configs = {p: make_config(p, budget, interval, knobs) for p in policies}
+    configs = policy_configs(policies, budget, interval, knobs)
     traces = (record_trace(model, r) for r in recs)  # one at a time in memory
     results = replay_traces(traces, configs, k_max, threshold_frac)
     return {
-        "budget": budget, "interval": interval, "knobs": knobs or {}, "problems": len(recs),
+        "budget": budget, "interval": interval, "knobs": knobs or [], "problems": len(recs),
         "k": k_max, "threshold_frac": threshold_frac,
         "max_target_tokens": max_target_tokens,
         "configs": {p: repr(c) for p, c in configs.items()},

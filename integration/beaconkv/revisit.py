@@ -17,14 +17,13 @@ A query is *global* when its distance exceeds ``threshold_frac`` of the sequence
 paper uses 200 tokens on traces of thousands). Outputs: summary JSON, PNG plots (distance
 histograms, PCA of pre-RoPE queries, layer x head map of global frequency).
 
-    python -m beaconkv.revisit --model models/tiny-reasoner \\
-        --split models/tiny-reasoner/data/dev.jsonl --num 20 --out docs
+Its one entry point is ``beaconkv analyze`` (beaconkv/analyze_cli.py); the figures in docs/:
+
+    beaconkv analyze --split dev --num 20 --out docs --prefix testbed
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 
 import numpy as np
@@ -226,28 +225,3 @@ def plot(result: dict, out_dir: str, prefix: str = "testbed") -> list[str]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m beaconkv.revisit", description=__doc__)
-    p.add_argument("--model", required=True)
-    p.add_argument("--split", required=True)
-    p.add_argument("--num", type=int, default=20)
-    p.add_argument("--out", required=True)
-    p.add_argument("--k", type=int, default=150)
-    p.add_argument("--threshold-frac", type=float, default=0.15)
-    p.add_argument("--no-greedy-check", action="store_true")
-    a = p.parse_args(argv)
-    os.makedirs(a.out, exist_ok=True)
-    res = analyze(a.model, a.split, a.num, a.k, a.threshold_frac, not a.no_greedy_check)
-    paths = plot(res, a.out)
-    with open(os.path.join(a.out, "testbed_revisit.json"), "w") as f:
-        json.dump(res["summary"], f, indent=1)
-        f.write("\n")
-    print(json.dumps({k: v for k, v in res["summary"].items() if k != "heads"}, indent=1))
-    print("wrote", ", ".join(paths))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .evaluate import BUDGETED, Progress, make_policy
+from .evaluate import Progress
 from .task import Difficulty, extract_answer, split_examples
 from .tokenizer import CharTokenizer
 
@@ -38,7 +38,7 @@ class ThroughputConfig:
     kv_blocks: int
     policy: str = "full"
     budget: int | None = None
-    knobs: dict = field(default_factory=dict)
+    knobs: dict | list = field(default_factory=dict)  # {name: value} or ["NAME=VALUE", ...]
     dataset: str = "reasoning"
     input_len: int = 64
     output_len: int = 256
@@ -101,7 +101,7 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
 
     cfg.validate()
     tok = CharTokenizer.load(cfg.model)
-    policy = make_policy(cfg.policy, cfg.budget, **cfg.knobs)
+    policy = beaconkv.make_policy_config(cfg.policy, cfg.budget, knobs=cfg.knobs)
     requests = make_requests(cfg, tok)
     engine = beaconkv.Engine(cfg.model, policy=policy, block_size=cfg.block_size,
                              num_blocks=cfg.kv_blocks, max_batch=cfg.max_batch,
@@ -157,8 +157,9 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
         "total_output_tokens": output_tokens,
         "total_prompt_tokens": prompt_tokens,
         "policy": cfg.policy,
-        "budget": cfg.budget if cfg.policy in BUDGETED else None,
+        "budget": beaconkv.policy_budget(policy),
         "knobs": cfg.knobs,
+        "policy_config": policy.to_dict(),
         "dataset": cfg.dataset,
         "seed": cfg.seed,
         "kv_blocks": cfg.kv_blocks,
@@ -213,7 +214,7 @@ def format_report(r: dict) -> str:
 
 def add_bench_parser(sub, default_model: str) -> None:
     """`beaconkv bench throughput ...`."""
-    from .validate import float_arg, int_arg
+    from .validate import float_arg, int_arg, knob_help, policy_help
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)
@@ -226,10 +227,10 @@ def add_bench_parser(sub, default_model: str) -> None:
                    help="requests, all queued at once")
     t.add_argument("--kv-blocks", type=int_arg(2), required=True,
                    help="device pool size in blocks (one block: block-size tokens of one head)")
-    t.add_argument("--policy", default=d.policy, help="eviction policy name")
-    t.add_argument("--budget", type=int_arg(1), default=None, help="KV tokens kept per head")
-    t.add_argument("--knob", action="append", metavar="NAME=VALUE",
-                   help="override a policy knob (repeatable), e.g. --knob interval=32")
+    t.add_argument("--policy", default=d.policy, help=policy_help())
+    t.add_argument("--budget", type=int_arg(1), default=None,
+                   help="KV tokens kept per head (rpc: period = ratio x budget)")
+    t.add_argument("--knob", action="append", metavar="NAME=VALUE", help=knob_help())
     t.add_argument("--dataset", choices=["reasoning", "random"], default=d.dataset,
                    help="reasoning: the tiny reasoner's task, full traces, answers checked; "
                         "random: random prompts, fixed output lengths, eos ignored")
@@ -240,9 +241,12 @@ def add_bench_parser(sub, default_model: str) -> None:
     t.add_argument("--random-range-ratio", type=float_arg(0.0, 0.999),
                    default=d.random_range_ratio,
                    help="random: lengths drawn uniformly from [L*(1-r), L*(1+r)]")
-    t.add_argument("--preemption", choices=["recompute", "swap"], default=d.preemption)
+    t.add_argument("--preemption", choices=["recompute", "swap"], default=d.preemption,
+                   help="what a preempted sequence does: recompute (re-prefill later) or swap "
+                        "(to host memory and back)")
     t.add_argument("--seed", type=int_arg(0), default=d.seed, help="dataset seed")
-    t.add_argument("--block-size", type=int_arg(1), default=d.block_size)
+    t.add_argument("--block-size", type=int_arg(1), default=d.block_size,
+                   help="token slots per KV block (one block: one head of one sequence)")
     t.add_argument("--max-batch", type=int_arg(1), default=d.max_batch,
                    help="most sequences running at once (vLLM's max_num_seqs)")
     t.add_argument("--num-threads", type=int_arg(1), default=d.num_threads,
@@ -255,12 +259,9 @@ def add_bench_parser(sub, default_model: str) -> None:
 
 
 def _cmd_bench_throughput(args) -> int:
-    from .validate import merge_budget, parse_knobs
-
-    budget, knobs = merge_budget(args.budget, parse_knobs(args.knob))
     cfg = ThroughputConfig(
         model=args.model, num_prompts=args.num_prompts, kv_blocks=args.kv_blocks,
-        policy=args.policy, budget=budget, knobs=knobs,
+        policy=args.policy, budget=args.budget, knobs=args.knob or [],
         dataset=args.dataset, input_len=args.input_len, output_len=args.output_len,
         random_range_ratio=args.random_range_ratio, preemption=args.preemption, seed=args.seed,
         block_size=args.block_size, max_batch=args.max_batch, num_threads=args.num_threads,

@@ -1,9 +1,10 @@
-"""Validation at the boundary: command-line arguments, policy knobs and split-file records.
+"""Validation at the boundary: command-line arguments and split-file records.
 
-Every check raises with a message that names the field (``--budget``, ``knob 'n_beacons'``,
+Every check raises with a message that names the field (``--budget``,
 ``dev.jsonl line 3: field 'target'``) so the CLI can print one line instead of a traceback.
 Argument checks raise ``argparse.ArgumentTypeError`` (argparse adds the option name and exits
-with status 2); knob and record checks raise ``ValueError``.
+with status 2); record checks raise ``ValueError``. Policy names and knobs are the core's
+registry's to check (``beaconkv.make_policy_config``).
 """
 
 from __future__ import annotations
@@ -50,39 +51,19 @@ def float_arg(lo: float, hi: float, lo_open: bool = False) -> Callable[[str], fl
     return parse
 
 
-def parse_knobs(items: list[str] | None) -> dict:
-    """['n_beacons=8', 'pooling=max'] -> {'n_beacons': 8, 'pooling': 'max'}.
+def policy_help() -> str:
+    """The --policy help text, with the policy names the core's registry lists."""
+    import beaconkv
 
-    Values are JSON when they parse as JSON (numbers, true/false), else strings; the policy
-    config then checks each knob's name and type."""
-    import json
-
-    knobs = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"--knob {item!r}: expected NAME=VALUE")
-        if key in knobs:
-            raise ValueError(f"--knob {key!r} is given twice")
-        try:
-            knobs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            knobs[key] = value
-    return knobs
+    budgeted = [s.name for s in beaconkv.policy_specs() if s.budgeted]
+    return (f"policy spec NAME[-pooled][:KNOB=VALUE,...]; NAME one of "
+            f"{', '.join(beaconkv.policy_names())} (budgeted: {', '.join(budgeted)}; "
+            f"knobs: beaconkv.policy_spec(NAME).knobs)")
 
 
-def merge_budget(budget: int | None, knobs: dict) -> tuple[int | None, dict]:
-    """``--knob budget=N`` is the same as ``--budget N``: fold it in, or refuse a conflict."""
-    if "budget" not in knobs:
-        return budget, knobs
-    knobs = dict(knobs)
-    value = knobs.pop("budget")
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT32_MAX:
-        raise ValueError(f"--knob budget={value!r}: expected an integer in [1, {INT32_MAX}]")
-    if budget is not None and budget != value:
-        raise ValueError(f"--budget {budget} and --knob budget={value} disagree; give one")
-    return value, knobs
+def knob_help() -> str:
+    return ("override a policy knob (repeatable), e.g. --knob interval=32; a knob the policy "
+            "does not have is an error")
 
 
 # Split files (.jsonl): one problem per line. Required fields and their types.

@@ -126,7 +126,7 @@ TEST(EngineTest, ASequenceThatCannotFitAloneEndsOutOfMemory) {
   c.block_size = 4;
   c.num_blocks = 1 + 2 * 2 * 4;  // 4 blocks per head: 16 tokens
   const auto outs = RunAll(c, 40, nullptr, {{1, 2, 3}});
-  EXPECT_EQ(outs.at(0).finish_reason, "out_of_memory");
+  EXPECT_EQ(outs.at(0).finish_reason, FinishReason::kOutOfMemory);
   EXPECT_EQ(outs.at(0).output.size(), 16u - 3u + 1u);
 }
 
@@ -136,9 +136,9 @@ TEST(EngineTest, APromptThatFillsThePoolRunsAloneInsteadOfWaitingForever) {
   c.num_blocks = 1 + 2 * 2 * 1;  // exactly one block per head: a 4-token prompt
   c.watermark_blocks = 0;
   const auto outs = RunAll(c, 10, nullptr, {{1, 2, 3, 4}, {5, 6, 7}});
-  EXPECT_EQ(outs.at(0).finish_reason, "out_of_memory");
+  EXPECT_EQ(outs.at(0).finish_reason, FinishReason::kOutOfMemory);
   EXPECT_EQ(outs.at(0).output.size(), 1u);  // the token sampled from the prefill
-  EXPECT_EQ(outs.at(1).finish_reason, "out_of_memory");
+  EXPECT_EQ(outs.at(1).finish_reason, FinishReason::kOutOfMemory);
   EXPECT_EQ(outs.at(1).output.size(), 2u);  // 3 prompt tokens + 1 appended fill the block
 }
 

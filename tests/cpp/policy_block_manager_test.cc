@@ -132,7 +132,7 @@ TEST_P(PolicyBlockManagerTest, ScoreKeepCompactFree) {
       std::vector<KeepSet> keep;
       std::vector<std::set<int32_t>> chosen(shape.num_kv_heads);
       int32_t blocks_before = 0, blocks_after = 0;
-      for (const HeadKeepSet& k : *keep_or) {
+      for (const KeepSet& k : *keep_or) {
         keep.push_back({k.layer, k.kv_head, k.slots});
         for (int32_t s : k.slots) chosen[k.kv_head].insert(gathered[k.kv_head].positions[s]);
         blocks_before += shape.BlocksFor(tokens[k.kv_head]);
@@ -148,7 +148,7 @@ TEST_P(PolicyBlockManagerTest, ScoreKeepCompactFree) {
       freed_total += plan->blocks_freed;
       evicted_total += plan->tokens_evicted;
       // The cache now holds exactly the positions the policy chose.
-      for (const HeadKeepSet& k : *keep_or) {
+      for (const KeepSet& k : *keep_or) {
         const Gathered after = Gather(bm, store, id, l, k.kv_head);
         EXPECT_EQ(std::set<int32_t>(after.positions.begin(), after.positions.end()),
                   chosen[k.kv_head]);

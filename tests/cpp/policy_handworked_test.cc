@@ -187,7 +187,7 @@ TEST(PolicyHandWorked, RpcAveragesOverTheLayer) {
   auto keep = state.Compress(0, heads, std::vector<int32_t>{0, 1}, 7);
   ASSERT_TRUE(keep.ok()) << keep.status();
   ASSERT_EQ(keep->size(), 2u);
-  for (const HeadKeepSet& k : *keep) EXPECT_EQ(k.slots, (std::vector<int32_t>{0, 1, 3, 5, 6, 7}));
+  for (const KeepSet& k : *keep) EXPECT_EQ(k.slots, (std::vector<int32_t>{0, 1, 3, 5, 6, 7}));
   // Second round: prompt 2 + kept 2 + R 2 + P 4 = 10, and it keeps 2T = 4.
   EXPECT_TRUE(state.DueHeads(0, std::vector<int32_t>{9, 9}).empty());
   EXPECT_EQ(state.DueHeads(0, std::vector<int32_t>{10, 10}).size(), 2u);

@@ -246,7 +246,7 @@ TEST(PolicyPooledProperty, LayerBudgetSummedOverHeads) {
       ASSERT_TRUE(keep.ok()) << keep.status();
       ASSERT_EQ(keep->size(), 3u);  // pooled compresses the whole layer
       int32_t kept = 0;
-      for (const HeadKeepSet& k : *keep) {
+      for (const KeepSet& k : *keep) {
         kept += static_cast<int32_t>(k.slots.size());
         EXPECT_EQ(k.layer, layer);
         const int32_t n = heads[k.kv_head].num_tokens;

@@ -108,7 +108,7 @@ TEST(EngineStatsTest, ARequestFinishedAtAdmissionReportsItsPeakKv) {
   ASSERT_TRUE(outs.ok()) << outs.status();
   ASSERT_EQ(outs->size(), 1u);
   const RequestOutput& o = outs->front();
-  EXPECT_EQ(o.finish_reason, "length");
+  EXPECT_EQ(o.finish_reason, FinishReason::kLength);
   EXPECT_EQ(o.peak_retained_tokens, 6.0);
   EXPECT_EQ(o.peak_blocks, 4 * 2);  // 4 heads x 2 blocks of 4 slots
   EXPECT_EQ((*e)->stats().peak_used_blocks, 8);
@@ -133,7 +133,7 @@ TEST(EngineRequestTest, ForcedOutputMustFitUnderMaxModelLen) {
   auto outs = (*e)->RunToCompletion();
   ASSERT_TRUE(outs.ok());
   EXPECT_EQ(outs->front().output.size(), 15u);
-  EXPECT_EQ(outs->front().finish_reason, "forced");
+  EXPECT_EQ(outs->front().finish_reason, FinishReason::kForced);
 }
 
 std::string Header(const std::string& json) { return test_files::Le64(json.size()) + json; }

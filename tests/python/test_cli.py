@@ -100,3 +100,32 @@ def test_held_out_splits_load_by_name_and_are_new_problems():
         assert not seen & {p["prompt"] for p in held}
     with pytest.raises(ValueError, match="no such file"):
         load_problems(MODEL, "heldout-1")
+
+
+def test_every_option_has_help_and_the_docstring_names_every_subcommand():
+    import argparse
+
+    import beaconkv
+    from beaconkv import cli
+
+    def parsers(p, path):
+        yield path, p
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from parsers(sub, path + [name])
+
+    found = []
+    for path, p in parsers(cli.build_parser(), ["beaconkv"]):
+        found.append(path)
+        for action in p._actions:
+            if action.option_strings and not isinstance(action, argparse._HelpAction):
+                assert action.help, f"{' '.join(path)} {action.option_strings[0]} has no help"
+    leaves = {" ".join(p[1:]) for p in found if len(p) > 1} - {"bench"}
+    assert leaves == {"generate", "eval", "demo", "analyze", "bench throughput"}
+    for leaf in leaves:
+        assert leaf in cli.__doc__
+    # --policy lists the core's policy names.
+    assert all(name in cli.build_parser()._subparsers._group_actions[0].choices["eval"]
+               .format_help().replace("\n", " ").replace("  ", " ")
+               for name in beaconkv.policy_names())

@@ -1,6 +1,6 @@
 """Eviction policies from Python: names, config classes, errors, run_policy on NumPy arrays,
 the stateful Policy, and keep-sets checked against the NumPy reference in
-bench/numpy_policies.py."""
+tests/python/numpy_policies.py."""
 
 import pathlib
 import sys
@@ -10,7 +10,7 @@ import pytest
 
 import beaconkv
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import numpy_policies as ref  # noqa: E402
 
 NAMES = ["full", "streaming", "h2o", "tova", "snapkv", "rkv", "rpc", "beacon"]

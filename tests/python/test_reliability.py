@@ -218,3 +218,25 @@ def test_policy_state_shared_by_threads():
         t.join()
     assert not errors, errors
     assert pol.state_bytes > 0
+
+
+def test_array_arguments_fail_with_one_wording():
+    """Every binding checks NumPy arguments through bindings/array_check.h."""
+    keys = np.zeros((5, 4), np.float32)
+    with pytest.raises(ValueError, match=r"^keys must be a float32 array of shape \[\*, \*\], "
+                                         r"got shape \[5\]$"):
+        beaconkv.run_policy("full", keys[:, 0], np.arange(5))
+    with pytest.raises(ValueError, match=r"^positions must be an int32 array of shape \[5\], "
+                                         r"got shape \[4\]$"):
+        beaconkv.run_policy("full", keys, np.arange(4))
+    with pytest.raises(ValueError, match=r"^keys must be a float32 array of shape \[\*, \*\], "
+                                         r"got a str$"):
+        beaconkv.run_policy("full", "abc", np.arange(5))
+    bm = beaconkv.BlockManager(2, 1, 4, block_size=4, num_blocks=16)
+    with pytest.raises(ValueError, match=r"^keys must be a float32 array of shape \[2, 1, 3, 4\], "
+                                         r"got shape \[2, 1, 3\]$"):
+        bm.add_sequence(0, 3, keys=np.zeros((2, 1, 3)), values=np.zeros((2, 1, 3, 4)))
+    pol = beaconkv.Policy("full", 1, 1, 2, 4)
+    with pytest.raises(ValueError, match=r"^queries_pre must be a float32 array of shape "
+                                         r"\[2, 4\], got shape \[1, 4\]$"):
+        pol.observe(0, 0, 0, np.zeros((1, 4)), np.zeros((2, 4)))

@@ -19,6 +19,14 @@ pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(MODEL, "config.j
                                 reason="tiny-reasoner checkpoint not present")
 
 
+def short_config(spec, budget=None, interval=None):
+    """The config of `spec` for a short trace: beacon gets SHORT_TRACE_KNOBS."""
+    import beaconkv
+
+    knobs = SHORT_TRACE_KNOBS if spec.startswith("beacon") else None
+    return beaconkv.make_policy_config(spec, budget, interval=interval, knobs=knobs)
+
+
 def load_tool(name):
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
@@ -74,11 +82,12 @@ def test_recorded_keys_reproduce_the_recorded_attention(trace):
 
 
 def test_streaming_replay_keeps_sinks_and_newest(trace):
-    from beaconkv.replay import NEVER, eviction_steps, make_config
+    import beaconkv
+    from beaconkv.replay import NEVER, eviction_steps
 
     budget, sinks = 24, 4
-    evicted_at, first = eviction_steps(trace, make_config("streaming", budget, knobs={
-        "n_sinks": sinks}))
+    evicted_at, first = eviction_steps(trace, beaconkv.make_policy_config(
+        "streaming", budget, knobs={"n_sinks": sinks}))
     t_len = len(trace.ids)
     expect = np.zeros(t_len, bool)
     expect[:sinks] = True
@@ -97,10 +106,10 @@ def test_streaming_replay_keeps_sinks_and_newest(trace):
 def test_replay_evicts_as_many_tokens_as_the_engine(trace, short_problem, spec, budget,
                                                     interval):
     import beaconkv
-    from beaconkv.replay import eviction_steps, make_config
+    from beaconkv.replay import eviction_steps
     from beaconkv.tokenizer import CharTokenizer
 
-    cfg = make_config(spec, budget, interval, SHORT_TRACE_KNOBS)
+    cfg = short_config(spec, budget, interval)
     tok = CharTokenizer.load(MODEL)
     engine = beaconkv.Engine(MODEL, policy=cfg)
     forced = tok.encode(short_problem["target"]) + [tok.eos_id]
@@ -143,12 +152,12 @@ def test_one_layer_replay_reproduces_the_engine_logits(tmp_path, short_problem, 
                                                        interval):
     import beaconkv
     from beaconkv.reference import Model, rope, softmax
-    from beaconkv.replay import eviction_steps, make_config, record_trace
+    from beaconkv.replay import eviction_steps, record_trace
     from beaconkv.tokenizer import CharTokenizer
 
     write_one_layer_model(tmp_path)
     model = Model(str(tmp_path))
-    cfg = make_config(spec, 24, interval, SHORT_TRACE_KNOBS)
+    cfg = short_config(spec, 24, interval)
     tr = record_trace(model, short_problem)
     evicted_at, first = eviction_steps(tr, cfg)
     assert first < len(tr.ids) - 1
@@ -186,10 +195,10 @@ def model_norm(x, weight, eps):
 
 
 def test_replay_masses_are_shares_and_full_misses_nothing(trace):
-    from beaconkv.replay import make_config, replay_traces
+    from beaconkv.replay import replay_traces
 
-    configs = {"full": make_config("full"), "streaming": make_config("streaming", 24),
-               "beacon": make_config("beacon", 24, interval=8, knobs=SHORT_TRACE_KNOBS)}
+    configs = {"full": short_config("full"), "streaming": short_config("streaming", 24),
+               "beacon": short_config("beacon", 24, interval=8)}
     res = replay_traces([trace], configs)
     assert not res["full"].missed.any()
     full = res["full"].summary()
@@ -212,40 +221,18 @@ def test_replay_masses_are_shares_and_full_misses_nothing(trace):
         assert s["global_queries"] <= s["queries"]
 
 
-def test_pooled_spec_and_rpc_period():
-    from beaconkv.replay import make_config, parse_policy_spec, resolve_policy
+def test_replay_builds_its_grid_with_the_registry():
+    import beaconkv
+    from beaconkv.replay import policy_configs
 
-    assert parse_policy_spec("beacon-pooled") == ("beacon", {"budget_mode": "pooled"})
-    assert make_config("beacon-pooled", 64).budget_mode == "pooled"
-    assert resolve_policy("rpc", 64) == ("rpc", {"period": 256})
-    assert resolve_policy("rpc", 64, knobs={"period": 512})[1]["period"] == 512
-    # Knobs apply where the policy has them; full has none.
-    assert resolve_policy("full", 64, 8, {"n_beacons": 4}) == ("full", {})
-    assert resolve_policy("tova", 32, 8, {"n_beacons": 4}) == ("tova", {"budget": 32,
-                                                                        "interval": 8})
-    with pytest.raises(ValueError, match="budget_mode"):
-        make_config("tova-pooled", 32)
-
-
-def test_variant_specs_carry_their_own_knobs():
-    from beaconkv.replay import make_config, parse_policy_spec, resolve_policy
-
-    assert parse_policy_spec("beacon:n_recent=32,protect_prompt=false") == (
-        "beacon", {"n_recent": 32, "protect_prompt": False})
-    assert parse_policy_spec("beacon-pooled:n_beacons=0") == (
-        "beacon", {"budget_mode": "pooled", "n_beacons": 0})
-    # The variant's knobs win over grid-wide ones; the budget still comes from the grid.
-    name, kn = resolve_policy("beacon:n_recent=32", 96, 16, {"n_recent": 8, "n_beacons": 4})
-    assert name == "beacon" and kn["n_recent"] == 32 and kn["n_beacons"] == 4
-    assert kn["budget"] == 96 and kn["interval"] == 16
-    cfg = make_config("beacon:pool_kernel=3", 64)
-    assert cfg.pool_kernel == 3 and cfg.budget == 64
-    with pytest.raises(ValueError, match="no knob 'window'"):
-        make_config("beacon:window=3", 64)
-    with pytest.raises(ValueError, match="KNOB=VALUE"):
-        parse_policy_spec("beacon:")
-    with pytest.raises(ValueError, match="NAME=VALUE"):
-        parse_policy_spec("beacon:n_recent")
+    grid = policy_configs(["tova", "rpc", "beacon-pooled:n_recent=32"], 96, 16)
+    assert grid["tova"] == beaconkv.TovaConfig(budget=96, interval=16)
+    assert grid["rpc"].period == 4 * 96  # rpc takes the budget through its period
+    assert grid["beacon-pooled:n_recent=32"] == beaconkv.BeaconConfig(
+        budget=96, interval=16, n_recent=32, budget_mode="pooled")
+    # A grid-wide knob a policy of the grid does not have is an error, not dropped.
+    with pytest.raises(ValueError, match="policy tova has no knob 'n_beacons'"):
+        policy_configs(["beacon", "tova"], 64, knobs=["n_beacons=4"])
 
 
 def test_analyze_writes_summary_and_plots(tmp_path):
@@ -253,7 +240,7 @@ def test_analyze_writes_summary_and_plots(tmp_path):
     from beaconkv.analyze_cli import add_analyze_parser
 
     parser = argparse.ArgumentParser()
-    add_analyze_parser(parser.add_subparsers())
+    add_analyze_parser(parser.add_subparsers(), MODEL)
     out = tmp_path / "out"
     # --max-target-tokens keeps at least the plan (revisit.analyze needs its end).
     args = parser.parse_args(["analyze", "--model", MODEL, "--split", "dev", "--out", str(out),
@@ -373,7 +360,7 @@ def test_error_attribution_names_the_evicted_token_a_query_needed():
 
 def test_error_attribution_counts_every_wrong_token(short_problem):
     attribution = load_tool("error_attribution")
-    res = attribution.run(MODEL, "dev", "streaming", 8, 2, {"n_sinks": 1}, None,
+    res = attribution.run(MODEL, "dev", "streaming", 8, 2, ["n_sinks=1"], None,
                           problems=[short_problem], max_errors=2)
     assert res["num_problems"] == 1
     wrong = sum(res["wrong_tokens_by_role"].values())

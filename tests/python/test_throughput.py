@@ -118,7 +118,8 @@ def test_cli_prints_the_line_and_writes_json(tmp_path):
     assert r.returncode == 0, r.stderr
     assert VLLM_LINE.match(r.stdout.splitlines()[0])
     data = json.loads(out.read_text())
-    assert data["policy"] == "beacon" and data["budget"] == 64 and data["knobs"] == {"interval": 4}
+    assert data["policy"] == "beacon" and data["budget"] == 64 and data["knobs"] == ["interval=4"]
+    assert data["policy_config"]["interval"] == 4 and data["policy_config"]["budget"] == 64
     bad = subprocess.run([sys.executable, "-m", "beaconkv.cli", "bench", "throughput",
                           "--model", MODEL, "--kv-blocks", "3"], capture_output=True, text=True,
                          timeout=300)

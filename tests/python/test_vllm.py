@@ -18,7 +18,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/s
                                           "run with .venv-vllm/bin/python)")
 
 import beaconkv  # noqa: E402
-from beaconkv.evaluate import load_problems, make_policy  # noqa: E402
+from beaconkv.evaluate import load_problems  # noqa: E402
 from beaconkv.tokenizer import CharTokenizer  # noqa: E402
 
 MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny-reasoner")
@@ -84,7 +84,7 @@ def max_logprob_gap(ref: dict, ours: dict) -> float:
 def engine_refs(tok):
     """Our engine on 16 dev problems: beacon at 158, and the full cache."""
     prompts = dev_prompts(tok, 16)
-    return (prompts, engine_run(make_policy("beacon", 158), prompts, 1200),
+    return (prompts, engine_run(beaconkv.make_policy_config("beacon", 158), prompts, 1200),
             engine_run("full", prompts, 1200))
 
 

@@ -131,8 +131,9 @@ inline std::string CheckComplete(const Result& r, const Options& opts) {
     return absl::StrFormat("%d of %d requests finished", r.outputs.size(), opts.num_requests);
   if (r.leaked_blocks != 0) return absl::StrFormat("%d blocks leaked", r.leaked_blocks);
   for (const auto& [id, o] : r.outputs) {
-    if (o.finish_reason != "length")
-      return absl::StrFormat("request %d finished with '%s'", id, o.finish_reason);
+    if (o.finish_reason != FinishReason::kLength)
+      return absl::StrFormat("request %d finished with '%s'", id,
+                             FinishReasonName(o.finish_reason));
   }
   return "";
 }

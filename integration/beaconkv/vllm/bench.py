@@ -65,11 +65,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.policy == "stock":
         os.environ.pop("BEACONKV_VLLM_CONFIG", None)
     else:
-        from beaconkv.validate import parse_knobs
-
         from . import config
 
-        cfg = {"policy": args.policy, "budget": args.budget, "knobs": parse_knobs(args.knob),
+        cfg = {"policy": args.policy, "budget": args.budget, "knobs": args.knob or [],
                "block_size": args.block_tokens}
         config.parse(json.dumps(cfg))  # unknown policy / knob: error before vLLM starts
         os.environ[config.ENV] = json.dumps(cfg)

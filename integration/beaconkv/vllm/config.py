@@ -2,9 +2,9 @@
 
 ``BEACONKV_VLLM_CONFIG`` holds JSON such as
 ``{"policy": "beacon", "budget": 158, "knobs": ["interval=16"], "block_size": 16}``
-(``knobs`` may also be a ``{"name": value}`` map). The policy object is built by
-``beaconkv.evaluate.make_policy``, so unknown policies and knobs fail exactly as they do in
-``beaconkv eval``, here at engine start.
+(``knobs`` may also be a ``{"name": value}`` map). The core's policy registry builds the
+policy object (``beaconkv.make_policy_config``), so unknown policies and knobs fail exactly as
+they do in ``beaconkv eval``, here at engine start.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ _KEYS = {"policy", "budget", "knobs", "block_size"}
 class VllmConfig:
     policy: str = "full"
     budget: int | None = None
-    knobs: dict = field(default_factory=dict)
+    knobs: dict | list = field(default_factory=dict)  # {name: value} or ["NAME=VALUE", ...]
     block_size: int = 16  # tokens per block of our pool (one (sequence, layer, kv_head))
 
     def policy_config(self):
         """The native policy config; ValueError naming the bad policy or knob."""
-        from beaconkv.evaluate import make_policy
+        import beaconkv
 
-        return make_policy(self.policy, self.budget, **dict(self.knobs))
+        return beaconkv.make_policy_config(self.policy, self.budget, knobs=self.knobs)
 
     def to_json(self) -> str:
         return json.dumps({"policy": self.policy, "budget": self.budget, "knobs": self.knobs,
@@ -37,8 +37,6 @@ class VllmConfig:
 
 def parse(text: str) -> VllmConfig:
     """A config from JSON text; ValueError on anything it does not understand."""
-    from beaconkv.validate import parse_knobs
-
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -49,9 +47,7 @@ def parse(text: str) -> VllmConfig:
     if unknown:
         raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)}; expected {sorted(_KEYS)}")
     knobs = data.get("knobs") or {}
-    if isinstance(knobs, list):
-        knobs = parse_knobs(knobs)
-    elif not isinstance(knobs, dict):
+    if not isinstance(knobs, (list, dict)):
         raise ValueError(f"{ENV}: 'knobs' must be a list of NAME=VALUE or a map")
     cfg = VllmConfig(policy=str(data.get("policy", "full")), budget=data.get("budget"),
                      knobs=knobs, block_size=int(data.get("block_size", 16)))

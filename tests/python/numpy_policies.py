@@ -1,19 +1,16 @@
 """NumPy implementations of the scoring math of `snapkv`, `rkv` and `beacon`.
 
 They follow core/ step by step (same reductions, pooling, tie rule, FPS and RoPE layout) and
-serve two purposes: the baseline that bench/numpy_policy_bench.py times against the C++
-policies, and an independent reference the Python tests compare keep-sets with.
+serve two purposes: an independent reference the Python tests compare keep-sets with, and the
+baseline that bench/numpy_policy_bench.py times against the C++ policies. RoPE and softmax are
+the NumPy reference model's (beaconkv.reference): one of each.
 Keys are in position order here (slot order == position order).
 """
 
 import numpy as np
 
-
-def softmax(x, axis=-1):
-    x = x - x.max(axis=axis, keepdims=True)
-    np.exp(x, out=x)
-    x /= x.sum(axis=axis, keepdims=True)
-    return x
+from beaconkv.reference import rope as rope_positions
+from beaconkv.reference import softmax
 
 
 def attention_scores(keys, queries, gqa="max_probs", reduce="max"):
@@ -109,14 +106,8 @@ def rkv_keep(keys, window_queries, budget, window=8, pool_kernel=7, lam=0.1, thr
 
 
 def rope(x, position, theta):
-    """HF rotate-half RoPE of x [..., d] at one position (float32 angles, as HF)."""
-    d = x.shape[-1]
-    half = d // 2
-    inv_freq = (1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
-    ang = (np.float32(position) * inv_freq).astype(np.float64)
-    c, s = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    x1, x2 = x[..., :half], x[..., half:]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    """RoPE of every row of x [n, d] at one position."""
+    return rope_positions(x, np.full(x.shape[-2], position), theta)
 
 
 def fps_cosine(points, count):

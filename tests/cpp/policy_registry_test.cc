@@ -1,0 +1,149 @@
+// The policy registry: one entry per policy, knob defaults equal to the config structs',
+// typed and range-checked knobs, and the one way a command line becomes a configuration.
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/policy_config.h"
+#include "gtest/gtest.h"
+
+namespace beaconkv {
+namespace {
+
+bool Contains(const absl::Status& s, const std::string& text) {
+  return s.message().find(text) != std::string::npos;
+}
+
+PolicyConfig Build(PolicyRequest request) {
+  absl::StatusOr<PolicyConfig> c = BuildPolicyConfig(request);
+  EXPECT_TRUE(c.ok()) << request.spec << ": " << c.status();
+  return c.ok() ? *c : PolicyConfig(FullConfig{});
+}
+
+absl::Status BuildError(PolicyRequest request) { return BuildPolicyConfig(request).status(); }
+
+TEST(PolicyRegistryTest, OneEntryPerPolicyWithTheStructDefaults) {
+  ASSERT_EQ(PolicySpecs().size(), PolicyNames().size());
+  for (size_t i = 0; i < PolicyNames().size(); ++i) {
+    const PolicySpec& spec = PolicySpecs()[i];
+    EXPECT_EQ(spec.name, PolicyNames()[i]);
+    EXPECT_EQ(spec.budgeted, spec.name != "full") << spec.name;
+    absl::StatusOr<PolicyConfig> defaults = DefaultPolicyConfig(spec.name);
+    ASSERT_TRUE(defaults.ok());
+    EXPECT_EQ(&SpecOf(*defaults), &spec);
+    for (const KnobSpec& k : spec.knobs) {
+      absl::StatusOr<KnobValue> v = GetKnob(*defaults, k.name);
+      ASSERT_TRUE(v.ok()) << spec.name << "." << k.name;
+      EXPECT_EQ(*v, k.default_value) << spec.name << "." << k.name;
+      EXPECT_EQ(k.type == KnobType::kChoice, !k.choices.empty()) << k.name;
+      // Setting the default back is always accepted.
+      PolicyConfig c = *defaults;
+      EXPECT_TRUE(SetKnob(c, k.name, k.default_value).ok()) << spec.name << "." << k.name;
+    }
+    EXPECT_EQ(spec.FindKnob("budget") != nullptr, spec.budgeted && spec.name != "rpc") << spec.name;
+  }
+  EXPECT_EQ(std::get<int64_t>(*GetKnob(BeaconConfig{}, "n_recent")), 48);
+  EXPECT_EQ(std::get<std::string>(*GetKnob(RpcConfig{}, "pooling")), "avg");
+  EXPECT_EQ(std::get<double>(*GetKnob(RkvConfig{}, "lambda_")), 0.1);
+  EXPECT_FALSE(FindPolicySpec("lru").ok());
+}
+
+TEST(PolicyRegistryTest, SetKnobChecksNameTypeAndRange) {
+  PolicyConfig c = BeaconConfig{};
+  ASSERT_TRUE(SetKnob(c, "n_beacons", KnobValue(std::string("8"))).ok());
+  ASSERT_TRUE(SetKnob(c, "protect_prompt", KnobValue(std::string("true"))).ok());
+  ASSERT_TRUE(SetKnob(c, "budget_mode", KnobValue(std::string("pooled"))).ok());
+  const BeaconConfig& b = std::get<BeaconConfig>(c);
+  EXPECT_EQ(b.n_beacons, 8);
+  EXPECT_TRUE(b.protect_prompt);
+  EXPECT_EQ(b.budget_mode, BudgetMode::kPooled);
+
+  absl::Status s = SetKnob(c, "window", KnobValue(int64_t{3}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s, "policy beacon has no knob 'window'")) << s;
+  s = SetKnob(c, "n_beacons", KnobValue(std::string("abc")));
+  EXPECT_TRUE(Contains(s, "knob 'n_beacons' = 'abc': expected int")) << s;
+  s = SetKnob(c, "n_beacons", KnobValue(true));
+  EXPECT_TRUE(Contains(s, "expected int")) << s;
+  s = SetKnob(c, "budget", KnobValue(int64_t{1} << 40));
+  EXPECT_TRUE(Contains(s, "knob 'budget' = 1099511627776 is outside [1, 2147483647]")) << s;
+  s = SetKnob(c, "budget_mode", KnobValue(std::string("shared")));
+  EXPECT_TRUE(Contains(s, "expected one of uniform, pooled")) << s;
+  EXPECT_EQ(std::get<BeaconConfig>(c).budget_mode, BudgetMode::kPooled);  // unchanged
+
+  PolicyConfig r = RkvConfig{};
+  EXPECT_TRUE(SetKnob(r, "lambda_", KnobValue(int64_t{1})).ok());  // an int is a float
+  EXPECT_FALSE(SetKnob(r, "lambda_", KnobValue(1.5)).ok());
+  EXPECT_FALSE(SetKnob(r, "redundancy_threshold", KnobValue(std::string("nan"))).ok());
+  PolicyConfig full = FullConfig{};
+  EXPECT_TRUE(Contains(SetKnob(full, "budget", KnobValue(int64_t{4})), "it has no knobs"));
+}
+
+TEST(PolicyRegistryTest, ValidationUsesTheRegistryRanges) {
+  BeaconConfig b;
+  b.coverage_layers = -1;
+  const absl::Status s = ValidatePolicyConfig(b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(s, "coverage_layers")) << s;
+  H2OConfig h;
+  h.recent_fraction = 1.5;
+  EXPECT_FALSE(ValidatePolicyConfig(h).ok());
+}
+
+TEST(PolicyRegistryTest, SpecTextParses) {
+  absl::StatusOr<PolicySpecText> t = ParsePolicySpecText("beacon-pooled:n_recent=32,n_sinks=0");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->name, "beacon");
+  ASSERT_EQ(t->knobs.size(), 3u);
+  EXPECT_EQ(t->knobs[0].first, "budget_mode");
+  EXPECT_EQ(t->knobs[1].first, "n_recent");
+  EXPECT_EQ(std::get<std::string>(t->knobs[1].second), "32");
+  EXPECT_TRUE(Contains(ParsePolicySpecText("beacon:").status(), "KNOB=VALUE"));
+  EXPECT_TRUE(Contains(ParsePolicySpecText("beacon:n_recent").status(), "NAME=VALUE"));
+  absl::StatusOr<std::pair<std::string, std::string>> kv = ParseKnobAssignment(" pooling =max");
+  ASSERT_TRUE(kv.ok());
+  EXPECT_EQ(kv->first, "pooling");
+  EXPECT_EQ(kv->second, "max");
+}
+
+TEST(PolicyRegistryTest, BuildAppliesBudgetIntervalAndKnobsInOrder) {
+  PolicyConfig c = Build({"beacon-pooled:n_recent=32", 96, 16, {{"n_recent", int64_t{8}}}});
+  const BeaconConfig& b = std::get<BeaconConfig>(c);
+  EXPECT_EQ(b.budget, 96);
+  EXPECT_EQ(b.interval, 16);
+  EXPECT_EQ(b.n_recent, 32);  // the spec's own knobs win over the request's
+  EXPECT_EQ(b.budget_mode, BudgetMode::kPooled);
+
+  // The budget reaches every budgeted policy; full ignores it.
+  for (const std::string& name : PolicyNames()) {
+    const PolicyConfig p = Build({name, 64, {}, {}});
+    EXPECT_EQ(PolicyBudget(p), name == "full" ? std::nullopt : std::optional<int32_t>(64)) << name;
+  }
+  // rpc: period = ratio x budget (the final ratio), unless a knob sets the period.
+  EXPECT_EQ(std::get<RpcConfig>(Build({"rpc", 64, {}, {}})).period, 256);
+  EXPECT_EQ(std::get<RpcConfig>(Build({"rpc:ratio=2", 64, {}, {}})).period, 128);
+  EXPECT_EQ(std::get<RpcConfig>(Build({"rpc:period=512", 64, {}, {}})).period, 512);
+  // interval applies where the policy has one.
+  EXPECT_EQ(std::get<RpcConfig>(Build({"rpc", {}, 8, {}})).period, RpcConfig{}.period);
+  EXPECT_EQ(std::get<TovaConfig>(Build({"tova", {}, 8, {}})).interval, 8);
+  // A `budget` knob is the budget.
+  EXPECT_EQ(std::get<SnapKvConfig>(Build({"snapkv", {}, {}, {{"budget", int64_t{32}}}})).budget,
+            32);
+  EXPECT_EQ(std::get<SnapKvConfig>(Build({"snapkv:budget=32", 32, {}, {}})).budget, 32);
+}
+
+TEST(PolicyRegistryTest, BuildRefusesWhatItCannotUse) {
+  absl::Status s = BuildError({"tova", 32, {}, {{"n_beacons", int64_t{4}}}});
+  EXPECT_TRUE(Contains(s, "policy tova has no knob 'n_beacons'; its knobs: budget, interval")) << s;
+  EXPECT_TRUE(Contains(BuildError({"full", {}, {}, {{"x", int64_t{1}}}}), "no knob 'x'"));
+  EXPECT_TRUE(Contains(BuildError({"tova-pooled", 32, {}, {}}), "budget_mode"));
+  EXPECT_TRUE(Contains(BuildError({"lru", {}, {}, {}}), "unknown policy \"lru\""));
+  EXPECT_TRUE(Contains(BuildError({"snapkv:budget=32", 64, {}, {}}), "disagree"));
+  EXPECT_TRUE(Contains(BuildError({"beacon", 0, {}, {}}), "knob 'budget' = 0"));
+  EXPECT_TRUE(Contains(BuildError({"beacon:n_recent=1,n_recent=2", {}, {}, {}}), "twice"));
+  EXPECT_TRUE(Contains(BuildError({"rpc", int64_t{1} << 30, {}, {}}), "period"));
+  EXPECT_TRUE(Contains(BuildError({"beacon", 8, {}, {}}), "protected tokens"));  // validated
+}
+
+}  // namespace
+}  // namespace beaconkv
