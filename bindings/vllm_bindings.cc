@@ -4,6 +4,7 @@
 // batch of requests (write the new tokens' K/V into their per-head slots, then attend over
 // what each head retains: paged decode attention for one-token rows, causal attention by
 // stored position for longer rows).
+#include <cblas.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -22,6 +23,8 @@
 #include "block_manager/block_manager.h"
 #include "core/policy.h"
 #include "core/rope.h"
+#include "core/scoring.h"
+#include "engine/tensor_ops.h"
 #include "kernels/paged_attention_cpu.h"
 
 namespace py = pybind11;
@@ -44,6 +47,9 @@ class VllmKvCache {
               int32_t block_size, int32_t num_blocks, py::object policy, double rope_theta,
               bool observe)
       : num_heads_(num_heads), observe_(observe) {
+    // Our GEMMs (prefill attention, policy scoring) run in the caller's thread: OpenBLAS's
+    // own pool only spun (sched_yield) beside vLLM's threads, a third of a benchmark's time.
+    SetBlasSingleThreaded();
     if (num_heads <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
       throw py::value_error(
           absl::StrFormat("num_heads (%d) must be a positive multiple of num_kv_heads (%d)",
@@ -317,50 +323,67 @@ class VllmKvCache {
   }
 
   // Attention of n new query tokens over every retained slot whose position is not after
-  // the query's (the new tokens are the head's last n slots).
+  // the query's (the new tokens are the head's last n slots). Per kv head: the retained keys
+  // and values gathered once, then for chunks of query rows (all heads of the group) one GEMM
+  // for the logits, a softmax per row over the slots it may see, one GEMM for the output.
   void CausalRow(SequenceId id, int32_t layer, int32_t n, const float* q, float scale, float* out,
                  int32_t group) {
     const int32_t d = shape().head_dim, hkv = shape().num_kv_heads;
-    std::vector<float> scores;
-    std::vector<const float*> keys, values;
+    constexpr int32_t kChunk = 128;  // query tokens per GEMM: bounds the logits to chunk x c
+    std::vector<float> keys, values, qm, logits, om;
     std::vector<int32_t> positions;
     for (int32_t h = 0; h < hkv; ++h) {
       const int32_t c = Unwrap(manager_->RetainedTokens(id, layer, h));
-      keys.resize(c), values.resize(c), positions.resize(c), scores.resize(c);
+      keys.resize(static_cast<size_t>(c) * d);
+      values.resize(static_cast<size_t>(c) * d);
+      positions.resize(c);
       for (int32_t j = 0; j < c; ++j) {
         const SlotRef slot = Unwrap(manager_->Slot(id, layer, h, j));
-        keys[j] = store_->key(slot);
-        values[j] = store_->value(slot);
+        std::copy_n(store_->key(slot), d, keys.data() + static_cast<size_t>(j) * d);
+        std::copy_n(store_->value(slot), d, values.data() + static_cast<size_t>(j) * d);
         positions[j] = store_->position(slot);
       }
-      for (int32_t i = 0; i < n; ++i) {
-        const int32_t qpos = positions[c - n + i];
-        for (int32_t g = 0; g < group; ++g) {
-          const int32_t qh = h * group + g;
-          const float* qv = q + (static_cast<int64_t>(i) * num_heads_ + qh) * d;
-          float* o = out + (static_cast<int64_t>(i) * num_heads_ + qh) * d;
-          float mx = -INFINITY;
-          for (int32_t j = 0; j < c; ++j) {
-            if (positions[j] > qpos) {
-              scores[j] = -INFINITY;
-              continue;
+      // Slots are kept in position order (compaction preserves it), so a query sees a prefix.
+      const bool sorted = std::is_sorted(positions.begin(), positions.end());
+      for (int32_t i0 = 0; i0 < n; i0 += kChunk) {
+        const int32_t m = std::min(kChunk, n - i0), rows = m * group;
+        qm.resize(static_cast<size_t>(rows) * d);
+        for (int32_t i = 0; i < m; ++i) {  // the group's heads of token i0+i are contiguous
+          std::copy_n(q + (static_cast<int64_t>(i0 + i) * num_heads_ + h * group) * d, group * d,
+                      qm.data() + static_cast<size_t>(i) * group * d);
+        }
+        logits.assign(static_cast<size_t>(rows) * c, 0.0f);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, c, d, scale, qm.data(), d,
+                    keys.data(), d, 0.0f, logits.data(), c);
+        for (int32_t i = 0; i < m; ++i) {
+          const int32_t qpos = positions[c - n + i0 + i];
+          const int32_t seen = sorted
+                                   ? static_cast<int32_t>(std::upper_bound(positions.begin(),
+                                                                           positions.end(), qpos) -
+                                                          positions.begin())
+                                   : c;
+          for (int32_t g = 0; g < group; ++g) {
+            float* row = logits.data() + static_cast<size_t>(i * group + g) * c;
+            if (!sorted) {  // mask by position, then the masked slots get weight 0
+              for (int32_t j = 0; j < c; ++j) {
+                if (positions[j] > qpos) row[j] = -INFINITY;
+              }
             }
-            float dot = 0.f;
-            for (int32_t x = 0; x < d; ++x) dot += qv[x] * keys[j][x];
-            scores[j] = dot * scale;
-            mx = std::max(mx, scores[j]);
+            SoftmaxInPlace(row, seen);
+            std::fill(row + seen, row + c, 0.0f);
+            if (!sorted) {
+              for (int32_t j = 0; j < c; ++j) {
+                if (positions[j] > qpos) row[j] = 0.0f;
+              }
+            }
           }
-          float sum = 0.f;
-          for (int32_t j = 0; j < c; ++j) {
-            scores[j] = positions[j] > qpos ? 0.f : std::exp(scores[j] - mx);
-            sum += scores[j];
-          }
-          std::fill_n(o, d, 0.f);
-          for (int32_t j = 0; j < c; ++j) {
-            if (scores[j] == 0.f) continue;
-            const float w = scores[j] / sum;
-            for (int32_t x = 0; x < d; ++x) o[x] += w * values[j][x];
-          }
+        }
+        om.resize(static_cast<size_t>(rows) * d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, c, 1.0f, logits.data(), c,
+                    values.data(), d, 0.0f, om.data(), d);
+        for (int32_t i = 0; i < m; ++i) {
+          std::copy_n(om.data() + static_cast<size_t>(i) * group * d, group * d,
+                      out + (static_cast<int64_t>(i0 + i) * num_heads_ + h * group) * d);
         }
       }
     }
