@@ -158,7 +158,8 @@ class VllmKvCache {
                  const FloatArray& q,  // [tokens, num_heads, head_dim]
                  const FloatArray& k,  // [tokens, num_kv_heads, head_dim]
                  const FloatArray& v,  // [tokens, num_kv_heads, head_dim]
-                 py::array_t<float, py::array::c_style> out, float scale) {
+                 py::array_t<float, py::array::c_style> out, float scale, int32_t num_threads) {
+    if (num_threads < 1) throw py::value_error("num_threads must be >= 1");
     const KvShape& s = shape();
     const int32_t d = s.head_dim, hkv = s.num_kv_heads, group = num_heads_ / hkv;
     const int64_t rows = seq_ids.size();
@@ -219,7 +220,7 @@ class VllmKvCache {
             static_cast<int32_t>(nd), num_heads_, hkv, d, s.block_size, max_blocks};
         kernels::PagedDecodeAttentionCpu(dq.data(), store_->keys_data(), store_->values_data(),
                                          tables.data(), lengths.data(), shape, scale, dout.data(),
-                                         1);
+                                         num_threads);
         for (int64_t i = 0; i < nd; ++i) {
           std::copy_n(dout.data() + i * num_heads_ * d, num_heads_ * d,
                       op + decode_tokens[i] * num_heads_ * d);
@@ -419,7 +420,7 @@ void BindVllm(py::module_& m) {
       .def("has", [](C& c, SequenceId id) { return c.manager().HasSequence(id); })
       .def("attention", &C::Attention, py::arg("layer"), py::arg("seq_ids"), py::arg("query_lens"),
            py::arg("query"), py::arg("key"), py::arg("value"), py::arg("output").noconvert(),
-           py::arg("scale"),
+           py::arg("scale"), py::arg("num_threads") = 1,
            "One layer: writes K/V [tokens, kv_heads, d] into the new slots, output [tokens, heads, "
            "d].")
       .def("read_head", &C::ReadHead, py::arg("seq_id"), py::arg("layer"), py::arg("kv_head"))

@@ -28,8 +28,11 @@ class BeaconState:
     def __init__(self, cfg, geometry: tuple[int, int, int, int], num_blocks: int,
                  rope_theta: float, observe: bool | None = None):
         import beaconkv
+        import torch
 
         self.cfg = cfg
+        # Decode attention uses as many threads as vLLM gives torch (its CPU attention does).
+        self.threads = max(1, torch.get_num_threads())
         self.num_layers, self.num_kv_heads, self.num_heads, self.head_dim = geometry
         self.group = self.num_heads // self.num_kv_heads
         self.rope_theta = rope_theta
@@ -96,7 +99,8 @@ class BeaconState:
                   q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
                   scale: float) -> None:
         """One layer of the batch; the policies observe the step's queries (in C++)."""
-        self.cache.attention(layer, seq_ids, query_lens, q, k, v, out, scale)
+        self.cache.attention(layer, seq_ids, query_lens, q, k, v, out, scale,
+                             num_threads=self.threads)
 
 
 _STATS: dict | None = None
