@@ -8,6 +8,8 @@ those slots, attends over them and hands the queries to the policies.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 _STATE: "BeaconState | None" = None
@@ -28,11 +30,15 @@ class BeaconState:
     def __init__(self, cfg, geometry: tuple[int, int, int, int], num_blocks: int,
                  rope_theta: float, observe: bool | None = None):
         import beaconkv
-        import torch
 
         self.cfg = cfg
-        # Decode attention uses as many threads as vLLM gives torch (its CPU attention does).
-        self.threads = max(1, torch.get_num_threads())
+        # Threads of the decode attention: BEACONKV_VLLM_THREADS (default 1). A 2-thread run
+        # was not clearly faster on our 2-core machines, where vLLM's own threads share the
+        # cores (docs/vllm.md).
+        threads = os.environ.get("BEACONKV_VLLM_THREADS")
+        self.threads = int(threads) if threads else 1
+        if self.threads < 1:
+            raise ValueError(f"BEACONKV_VLLM_THREADS must be >= 1, got {threads}")
         self.num_layers, self.num_kv_heads, self.num_heads, self.head_dim = geometry
         self.group = self.num_heads // self.num_kv_heads
         self.rope_theta = rope_theta
