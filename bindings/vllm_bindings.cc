@@ -113,7 +113,7 @@ class VllmKvCache {
     PolicyState& pol = *it->second;
     const KvShape& s = shape();
     int64_t evicted = 0, freed = 0, compressions = 0;
-    std::vector<HeadKeepSet> applied;  // every keep-set, in the order applied
+    std::vector<KeepSet> applied;  // every keep-set, in the order applied
     Check(WithoutGil([&]() -> absl::Status {
       std::vector<int32_t> tokens(s.num_kv_heads);
       std::vector<std::vector<float>> keys(s.num_kv_heads);
@@ -126,16 +126,12 @@ class VllmKvCache {
         if (due.empty()) continue;
         for (int32_t h = 0; h < s.num_kv_heads; ++h)
           heads[h] = GatherKeys(id, l, h, &keys[h], &positions[h]);
-        absl::StatusOr<std::vector<HeadKeepSet>> sets =
-            pol.Compress(l, heads, due, current_position);
+        absl::StatusOr<std::vector<KeepSet>> sets = pol.Compress(l, heads, due, current_position);
         if (!sets.ok()) return sets.status();
-        std::vector<KeepSet> keep;
-        for (HeadKeepSet& k : *sets) {
-          applied.push_back({k.layer, k.kv_head, k.slots});
-          keep.push_back({k.layer, k.kv_head, std::move(k.slots)});
-        }
-        absl::StatusOr<CompactionPlan> plan = manager_->ApplyKeepSets(id, keep);
+        absl::StatusOr<CompactionPlan> plan = manager_->ApplyKeepSets(id, *sets);
         if (!plan.ok()) return plan.status();
+        applied.insert(applied.end(), std::make_move_iterator(sets->begin()),
+                       std::make_move_iterator(sets->end()));
         evicted += plan->tokens_evicted;
         freed += plan->blocks_freed;
         ++compressions;
@@ -147,7 +143,7 @@ class VllmKvCache {
     out["blocks_freed"] = freed;
     out["compressions"] = compressions;
     py::list keep;
-    for (const HeadKeepSet& k : applied) keep.append(py::make_tuple(k.layer, k.kv_head, k.slots));
+    for (const KeepSet& k : applied) keep.append(py::make_tuple(k.layer, k.kv_head, k.slots));
     out["keep"] = keep;  // [(layer, kv_head, kept slots)], for a replica pool
     return out;
   }
@@ -198,7 +194,11 @@ class VllmKvCache {
                 std::max<int32_t>(max_blocks, Unwrap(manager_->BlockTable(id, layer, h)).size());
           }
         } else if (n > 1) {
-          CausalRow(id, layer, n, qp + t0 * num_heads_ * d, scale, op + t0 * num_heads_ * d, group);
+          if (absl::Status st = CausalRow(id, layer, n, qp + t0 * num_heads_ * d, scale,
+                                          op + t0 * num_heads_ * d, group);
+              !st.ok()) {
+            return st;
+          }
         }
         t0 += n;
       }
@@ -327,8 +327,8 @@ class VllmKvCache {
   // the query's (the new tokens are the head's last n slots). Per kv head: the retained keys
   // and values gathered once, then for chunks of query rows (all heads of the group) one GEMM
   // for the logits, a softmax per row over the slots it may see, one GEMM for the output.
-  void CausalRow(SequenceId id, int32_t layer, int32_t n, const float* q, float scale, float* out,
-                 int32_t group) {
+  absl::Status CausalRow(SequenceId id, int32_t layer, int32_t n, const float* q, float scale,
+                         float* out, int32_t group) {
     const int32_t d = shape().head_dim, hkv = shape().num_kv_heads;
     constexpr int32_t kChunk = 128;  // query tokens per GEMM: bounds the logits to chunk x c
     std::vector<float> keys, values, qm, logits, om;
@@ -344,8 +344,12 @@ class VllmKvCache {
         std::copy_n(store_->value(slot), d, values.data() + static_cast<size_t>(j) * d);
         positions[j] = store_->position(slot);
       }
-      // Slots are kept in position order (compaction preserves it), so a query sees a prefix.
-      const bool sorted = std::is_sorted(positions.begin(), positions.end());
+      // Slots are in position order (tokens are appended in order and keep-sets are
+      // ascending), so a query sees a prefix of them.
+      if (!std::is_sorted(positions.begin(), positions.end())) {
+        return absl::InternalError(absl::StrFormat(
+            "sequence %d layer %d head %d: slots out of position order", id, layer, h));
+      }
       for (int32_t i0 = 0; i0 < n; i0 += kChunk) {
         const int32_t m = std::min(kChunk, n - i0), rows = m * group;
         qm.resize(static_cast<size_t>(rows) * d);
@@ -353,30 +357,17 @@ class VllmKvCache {
           std::copy_n(q + (static_cast<int64_t>(i0 + i) * num_heads_ + h * group) * d, group * d,
                       qm.data() + static_cast<size_t>(i) * group * d);
         }
-        logits.assign(static_cast<size_t>(rows) * c, 0.0f);
+        logits.resize(static_cast<size_t>(rows) * c);  // written in full by the GEMM
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, c, d, scale, qm.data(), d,
                     keys.data(), d, 0.0f, logits.data(), c);
         for (int32_t i = 0; i < m; ++i) {
           const int32_t qpos = positions[c - n + i0 + i];
-          const int32_t seen = sorted
-                                   ? static_cast<int32_t>(std::upper_bound(positions.begin(),
-                                                                           positions.end(), qpos) -
-                                                          positions.begin())
-                                   : c;
+          const auto seen = static_cast<int32_t>(
+              std::upper_bound(positions.begin(), positions.end(), qpos) - positions.begin());
           for (int32_t g = 0; g < group; ++g) {
             float* row = logits.data() + static_cast<size_t>(i * group + g) * c;
-            if (!sorted) {  // mask by position, then the masked slots get weight 0
-              for (int32_t j = 0; j < c; ++j) {
-                if (positions[j] > qpos) row[j] = -INFINITY;
-              }
-            }
             SoftmaxInPlace(row, seen);
             std::fill(row + seen, row + c, 0.0f);
-            if (!sorted) {
-              for (int32_t j = 0; j < c; ++j) {
-                if (positions[j] > qpos) row[j] = 0.0f;
-              }
-            }
           }
         }
         om.resize(static_cast<size_t>(rows) * d);
@@ -388,6 +379,7 @@ class VllmKvCache {
         }
       }
     }
+    return absl::OkStatus();
   }
 
   int32_t num_heads_;

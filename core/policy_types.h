@@ -43,6 +43,5 @@ struct KeepSet {
   int32_t kv_head = 0;
   std::vector<int32_t> slots;  // [kept], ascending
 };
-using HeadKeepSet = KeepSet;  // the name bindings/vllm_bindings.cc still spells
 
 }  // namespace beaconkv
