@@ -30,6 +30,16 @@ PreemptionMode ParsePreemption(const std::string& s) {
   throw py::value_error(absl::StrFormat("preemption must be 'recompute' or 'swap', got '%s'", s));
 }
 
+// (evicted_at [layers, kv_heads, positions] int64, first eviction step): NEVER_EVICTED where
+// none.
+py::tuple EvictionsToPython(const EvictionRecord& r) {
+  py::array_t<int64_t> a({static_cast<py::ssize_t>(r.num_layers),
+                          static_cast<py::ssize_t>(r.num_kv_heads),
+                          static_cast<py::ssize_t>(r.num_positions)});
+  std::copy(r.evicted_at.begin(), r.evicted_at.end(), a.mutable_data());
+  return py::make_tuple(a, r.first_step);
+}
+
 py::dict ToDict(RequestOutput&& o, int32_t vocab) {
   py::dict d;
   d["id"] = o.id;
@@ -48,12 +58,18 @@ py::dict ToDict(RequestOutput&& o, int32_t vocab) {
   } else {
     d["logits"] = py::none();
   }
+  if (o.evictions.num_layers > 0) {  // the request asked for its evictions
+    py::tuple ev = EvictionsToPython(o.evictions);
+    d["evicted_at"] = ev[0];
+    d["first_eviction_step"] = ev[1];
+  }
   return d;
 }
 
 }  // namespace
 
 void BindEngine(py::module_& m) {
+  m.attr("NEVER_EVICTED") = kNeverEvicted;
   py::class_<Engine>(m, "Engine", "The reference engine over the head-granular paged KV cache.")
       .def(py::init([](const std::string& model_dir, py::object policy, int32_t block_size,
                        int32_t num_blocks, int32_t num_host_blocks, int32_t max_batch,
@@ -85,7 +101,7 @@ void BindEngine(py::module_& m) {
           "add_request",
           [](Engine& e, int64_t id, std::vector<int32_t> prompt, int32_t max_new_tokens,
              float temperature, float top_p, uint64_t seed, bool ignore_eos,
-             std::vector<int32_t> forced_output, bool return_logits) {
+             std::vector<int32_t> forced_output, bool return_logits, bool record_evictions) {
             Request r;
             r.id = id;
             r.prompt = std::move(prompt);
@@ -96,12 +112,16 @@ void BindEngine(py::module_& m) {
             r.sampling.ignore_eos = ignore_eos;
             r.forced_output = std::move(forced_output);
             r.return_logits = return_logits;
+            r.record_evictions = record_evictions;
             Check(WithoutGil([&] { return e.AddRequest(std::move(r)); }));
           },
           py::arg("request_id"), py::arg("prompt_ids"), py::arg("max_new_tokens") = 256,
           py::arg("temperature") = 0.0f, py::arg("top_p") = 1.0f, py::arg("seed") = 0,
           py::arg("ignore_eos") = false, py::arg("forced_output") = std::vector<int32_t>{},
-          py::arg("return_logits") = false)
+          py::arg("return_logits") = false, py::arg("record_evictions") = false,
+          "Queue a request. record_evictions: its result carries 'evicted_at' [layers, kv_heads, "
+          "positions] (the step that evicted each position from each head, NEVER_EVICTED if "
+          "none) and 'first_eviction_step'.")
       .def(
           "run",
           [](Engine& e) {
@@ -123,6 +143,20 @@ void BindEngine(py::module_& m) {
             return result;
           },
           "One scheduler step; returns the requests that finished in it.")
+      .def(
+          "replay_evictions",
+          [](Engine& e, std::vector<int32_t> token_ids, int32_t prompt_len, py::object policy) {
+            const PolicyConfig config = PolicyConfigFromPython(policy);
+            EvictionRecord r = Unwrap(
+                WithoutGil([&] { return e.ReplayEvictions(token_ids, prompt_len, config); }));
+            return EvictionsToPython(r);
+          },
+          py::arg("token_ids"), py::arg("prompt_len"), py::arg("policy"),
+          "Teacher-force token_ids (the first prompt_len the prompt) through the engine alone "
+          "under `policy` (a name or config); returns (evicted_at [layers, kv_heads, "
+          "len(token_ids)] int64, first eviction step): the decode step after which the policy "
+          "evicted each position from each head, NEVER_EVICTED if never. The engine must be "
+          "idle.")
       .def_property_readonly(
           "has_unfinished",
           [](const Engine& e) { return WithoutGil([&] { return e.HasUnfinished(); }); })

@@ -79,6 +79,10 @@ int32_t Engine::PromptBlocks(int64_t tokens) const {
 
 absl::Status Engine::AddRequest(Request request) {
   const std::lock_guard<std::mutex> lock(mu_);
+  return AddRequestLocked(std::move(request), config_.policy);
+}
+
+absl::Status Engine::AddRequestLocked(Request request, const PolicyConfig& policy_config) {
   const ModelConfig& mc = runner_.config();
   if (seqs_.contains(request.id))
     return absl::InvalidArgumentError(
@@ -121,14 +125,67 @@ absl::Status Engine::AddRequest(Request request) {
   geo.group_size = runner_.group_size();
   geo.rope = runner_.rope().config();
   BKV_ASSIGN_OR_RETURN(std::unique_ptr<PolicyState> policy,
-                       NewPolicyState(config_.policy, geo, static_cast<int32_t>(prompt_len)));
-  auto s = std::make_unique<SeqState>(
-      SeqState{request, Sampler(request.sampling), std::move(policy), RequestOutput{}, -1, false});
+                       NewPolicyState(policy_config, geo, static_cast<int32_t>(prompt_len)));
+  auto s = std::make_unique<SeqState>(SeqState{.request = request,
+                                               .sampler = Sampler(request.sampling),
+                                               .policy_config = policy_config,
+                                               .policy = std::move(policy),
+                                               .out = RequestOutput{},
+                                               .evictions = {}});
   s->out.id = request.id;
   s->out.prompt_len = static_cast<int32_t>(prompt_len);
   waiting_.push_back(request.id);
   seqs_.emplace(request.id, std::move(s));
   return absl::OkStatus();
+}
+
+absl::StatusOr<EvictionRecord> Engine::ReplayEvictions(absl::Span<const int32_t> tokens,
+                                                       int32_t prompt_len,
+                                                       const PolicyConfig& policy) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (HasUnfinishedLocked()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "ReplayEvictions runs one sequence alone, but %d requests are unfinished; run them "
+        "to completion first",
+        waiting_.size() + running_.size() + swapped_.size()));
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return absl::InvalidArgumentError("ReplayEvictions: the token sequence is empty");
+  if (prompt_len < 1 || prompt_len > n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ReplayEvictions: prompt_len %d is outside [1, %d] (the sequence has %d tokens)",
+        prompt_len, n, n));
+  }
+  // The last position is cached by the step that feeds the token after it: a pad that is
+  // never fed, only accepted as the sequence's end.
+  if (n + 1 > config_.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "ReplayEvictions: a sequence of %d tokens needs max_model_len >= %d; the engine's is %d", n,
+        n + 1, config_.max_model_len));
+  }
+  Request r;
+  r.id = 0;  // the engine is idle: no id is in use
+  r.prompt.assign(tokens.begin(), tokens.begin() + prompt_len);
+  r.forced_output.assign(tokens.begin() + prompt_len, tokens.end());
+  r.forced_output.push_back(tokens.back());
+  r.sampling.max_new_tokens = static_cast<int32_t>(r.forced_output.size());
+  r.record_evictions = true;
+  BKV_RETURN_IF_ERROR(AddRequestLocked(std::move(r), policy));
+  std::vector<RequestOutput> finished;
+  const double start = Now();
+  while (HasUnfinishedLocked()) BKV_RETURN_IF_ERROR(StepLocked(&finished));
+  stats_.wall_seconds += Now() - start;
+  BKV_CHECK(finished.size() == 1);
+  RequestOutput& out = finished.front();
+  if (out.finish_reason != FinishReason::kForced) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "ReplayEvictions: the sequence of %d tokens ended with %d positions cached (%s); the "
+        "pool of %d blocks cannot hold it",
+        n, out.prompt_len + static_cast<int64_t>(out.output.size()) - 1,
+        FinishReasonName(out.finish_reason), bm_->NumUsableBlocks()));
+  }
+  BKV_CHECK(out.evictions.num_positions == n);
+  return std::move(out.evictions);
 }
 
 absl::StatusOr<std::vector<RequestOutput>> Engine::RunToCompletion() {
@@ -225,8 +282,43 @@ bool Engine::Accept(SeqState& s, absl::Span<const float> logits) {
   return s.out.finish_reason != FinishReason::kRunning;
 }
 
+void Engine::RecordEvictions(SeqState& s, const KeepSet& kept, absl::Span<const int32_t> positions,
+                             int32_t step) {
+  size_t k = 0;
+  for (int32_t slot = 0; slot < static_cast<int32_t>(positions.size()); ++slot) {
+    if (k < kept.slots.size() && kept.slots[k] == slot) {
+      ++k;
+      continue;
+    }
+    s.evictions.push_back({kept.layer, kept.kv_head, positions[slot], step});
+  }
+  BKV_CHECK(k == kept.slots.size());  // keep-sets are ascending slots of the head
+}
+
+EvictionRecord Engine::BuildEvictionRecord(const SeqState& s) const {
+  const KvShape& shape = bm_->shape();
+  EvictionRecord rec;
+  rec.num_layers = shape.num_layers;
+  rec.num_kv_heads = shape.num_kv_heads;
+  rec.num_positions =
+      s.out.prompt_len + std::max<int32_t>(static_cast<int32_t>(s.out.output.size()), 1) - 1;
+  rec.evicted_at.assign(static_cast<size_t>(rec.num_layers) * rec.num_kv_heads * rec.num_positions,
+                        kNeverEvicted);
+  for (const EvictionEvent& e : s.evictions) {
+    BKV_CHECK(e.position >= 0 && e.position < rec.num_positions);
+    int64_t& at = rec.evicted_at[(static_cast<size_t>(e.layer) * rec.num_kv_heads + e.kv_head) *
+                                     rec.num_positions +
+                                 e.position];
+    BKV_CHECK(at == kNeverEvicted);  // eviction is irreversible
+    at = e.step;
+    rec.first_step = std::min<int64_t>(rec.first_step, e.step);
+  }
+  return rec;
+}
+
 void Engine::Finish(int64_t id, std::vector<RequestOutput>* finished) {
   SeqState& s = *seqs_.at(id);
+  if (s.request.record_evictions) s.out.evictions = BuildEvictionRecord(s);
   if (s.in_cache) BKV_CHECK(bm_->FreeSequence(id).ok());
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
   finished->push_back(std::move(s.out));
@@ -249,8 +341,9 @@ absl::Status Engine::Preempt(int64_t id) {
   s.in_cache = false;
   BKV_ASSIGN_OR_RETURN(
       std::unique_ptr<PolicyState> fresh,
-      NewPolicyState(config_.policy, s.policy->geometry(), s.policy->prompt_len()));
+      NewPolicyState(s.policy_config, s.policy->geometry(), s.policy->prompt_len()));
   s.policy = std::move(fresh);
+  s.evictions.clear();  // the re-prefill caches every position again
   waiting_.push_front(id);
   ++stats_.preemptions_recompute;
   return absl::OkStatus();
@@ -409,18 +502,20 @@ absl::Status Engine::Compress(int64_t id) {
     }
     if (due.empty()) continue;
     std::vector<KeepSet> keep;
+    std::vector<std::vector<int32_t>> positions(mc.num_kv_heads);  // [kv_head][slot]
     {
       ScopedTimer t(&stats_.time_selection);
       std::vector<std::vector<float>> keys(mc.num_kv_heads);
-      std::vector<std::vector<int32_t>> positions(mc.num_kv_heads);
       std::vector<HeadKeys> heads(mc.num_kv_heads);
       for (int32_t g = 0; g < mc.num_kv_heads; ++g)
         heads[g] = GatherKeys(id, l, g, &keys[g], &positions[g]);
-      BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> sets, s.policy->Compress(l, heads, due, current));
-      for (KeepSet& hk : sets) keep.push_back({hk.layer, hk.kv_head, std::move(hk.slots)});
+      BKV_ASSIGN_OR_RETURN(keep, s.policy->Compress(l, heads, due, current));
     }
     ScopedTimer t(&stats_.time_compaction);
     BKV_ASSIGN_OR_RETURN(CompactionPlan plan, bm_->ApplyKeepSets(id, keep));
+    if (s.request.record_evictions) {  // keep-sets ApplyKeepSets accepted: ascending, in range
+      for (const KeepSet& hk : keep) RecordEvictions(s, hk, positions[hk.kv_head], current);
+    }
     ++stats_.compressions;
     stats_.tokens_evicted += plan.tokens_evicted;
     stats_.blocks_freed_by_eviction += plan.blocks_freed;

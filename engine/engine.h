@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "block_manager/block_manager.h"
 #include "core/policy.h"
 #include "engine/engine_types.h"
@@ -42,6 +43,18 @@ class Engine {
   // Queues a request. kInvalidArgument for a bad request (empty prompt, unknown token, ids
   // reused, a prompt that can never fit the pool).
   absl::Status AddRequest(Request request);
+  // Teacher-forces `tokens` (the first `prompt_len` of them the prompt) through the engine as
+  // one sequence, alone, under `policy` instead of the configured one, and returns when the
+  // policy evicted each position from each head: the engine's own observe/compress loop, so
+  // exactly what a request with these tokens as prompt + forced output does. Every position
+  // 0 .. tokens.size()-1 is cached and observed; the step that caches the last one ends the
+  // sequence, and the engine does not compress after a sequence's last step.
+  // kFailedPrecondition while requests are unfinished; kInvalidArgument for an empty
+  // sequence, a prompt_len outside [1, tokens.size()], an unknown token, a sequence longer
+  // than max_model_len - 1 or an invalid policy; kResourceExhausted when the pool cannot hold
+  // the sequence. Counts in stats() like any request.
+  absl::StatusOr<EvictionRecord> ReplayEvictions(absl::Span<const int32_t> tokens,
+                                                 int32_t prompt_len, const PolicyConfig& policy);
   // Runs until every queued request is finished; returns them in the order they finished.
   absl::StatusOr<std::vector<RequestOutput>> RunToCompletion();
   // One scheduler step; finished requests are appended to `finished`.
@@ -51,18 +64,27 @@ class Engine {
   int32_t num_running() const;
 
  private:
+  struct EvictionEvent {
+    int32_t layer;
+    int32_t kv_head;
+    int32_t position;
+    int32_t step;
+  };
   struct SeqState {
     Request request;
     Sampler sampler;
+    PolicyConfig policy_config;  // the engine's, or ReplayEvictions' own
     std::unique_ptr<PolicyState> policy;
     RequestOutput out;
-    int32_t pending = -1;   // last output token, its K/V not yet in the cache
-    bool in_cache = false;  // holds blocks (running or swapped)
+    int32_t pending = -1;                  // last output token, its K/V not yet in the cache
+    bool in_cache = false;                 // holds blocks (running or swapped)
+    std::vector<EvictionEvent> evictions;  // [tokens evicted] when request.record_evictions
   };
 
   Engine(const EngineConfig& config, ModelRunner runner, std::unique_ptr<CpuKvStore> store,
          std::unique_ptr<BlockManager> bm);
 
+  absl::Status AddRequestLocked(Request request, const PolicyConfig& policy);
   absl::Status StepLocked(std::vector<RequestOutput>* finished);
   bool HasUnfinishedLocked() const {
     return !waiting_.empty() || !running_.empty() || !swapped_.empty();
@@ -76,6 +98,12 @@ class Engine {
   // Copies a head's keys (slot order) and positions into `keys` / `positions`.
   HeadKeys GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vector<float>* keys,
                       std::vector<int32_t>* positions) const;
+  // Appends to s.evictions the positions of `positions` (one head's, slot order) that
+  // `kept.slots` (ascending) drops.
+  static void RecordEvictions(SeqState& s, const KeepSet& kept, absl::Span<const int32_t> positions,
+                              int32_t step);
+  // s.evictions as the dense record of RequestOutput::evictions.
+  EvictionRecord BuildEvictionRecord(const SeqState& s) const;
   // Records the sampled/forced token; returns true when the request is finished.
   bool Accept(SeqState& s, absl::Span<const float> logits);
   void Finish(int64_t id, std::vector<RequestOutput>* finished);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,25 @@ struct Request {
   // request ends after the last; logits are recorded for every fed position.
   std::vector<int32_t> forced_output;
   bool return_logits = false;  // record [num_output, vocab] logits
+  // Record the step at which the policy evicted each cached position from each head
+  // (RequestOutput::evictions).
+  bool record_evictions = false;
+};
+
+// The eviction step of a position that was never evicted (it is still cached at the end).
+inline constexpr int64_t kNeverEvicted = std::numeric_limits<int64_t>::max();
+
+// When each position left each head of one sequence. Step t is the decode step that cached
+// position t: a position "evicted at t" was read by the query at t and by none after it.
+// A recompute preemption drops the cache and the policy's memory, so the record restarts
+// with the re-admission.
+struct EvictionRecord {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t num_positions = 0;  // positions the sequence cached: prompt + output - 1
+  // [num_layers, num_kv_heads, num_positions] eviction step, kNeverEvicted if kept to the end
+  std::vector<int64_t> evicted_at;
+  int64_t first_step = kNeverEvicted;  // the earliest eviction step, kNeverEvicted if none
 };
 
 // Why a request ended; kRunning until it has.
@@ -78,6 +98,7 @@ struct RequestOutput {
   int32_t peak_blocks = 0;          // max over steps of the blocks the sequence held
   int32_t num_preemptions = 0;
   int64_t tokens_evicted = 0;
+  EvictionRecord evictions;  // when Request::record_evictions; empty otherwise
 };
 
 struct EngineStats {

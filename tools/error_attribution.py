@@ -3,9 +3,10 @@
 
 For each problem, the engine runs the policy teacher forced on the reference output and the
 positions where the policy's argmax differs from the reference token are the errors. For the
-problems with errors, the NumPy reference records the full-cache trace, the same C++ policy is
-replayed over it (beaconkv.replay.eviction_steps), and each error query's full-cache attention
-is split per (layer, query head) into the mass on tokens the head had already evicted. Heads
+problems with errors, the NumPy reference records the full-cache trace, the engine replays the
+same teacher-forced run and reports when it evicted each position from each head
+(beaconkv.replay.eviction_steps), and each error query's full-cache attention is split per
+(layer, query head) into the mass on tokens the head had already evicted. Heads
 with missed mass >= --min-mass are listed with their most-attended evicted tokens: distance
 back, token, the generator's role letter of that token (prompt tokens have none), attention
 weight, and the token's age when it was evicted.
@@ -13,8 +14,8 @@ weight, and the token's age when it was evicted.
     python3 tools/error_attribution.py --split dev --num 64 --policy beacon --budget 128 \\
         --interval 32 [--knob n_recent=64] [--json OUT]
 
-The replay sees full-cache queries, the engine run saw its own (compressed-cache) queries, so
-the eviction history is the policy's on the reference trace, a close approximation.
+The eviction history is the engine's own in that run (the same tokens teacher forced); only
+the attention it is weighed with is the full cache's.
 """
 
 from __future__ import annotations

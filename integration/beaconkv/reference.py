@@ -240,9 +240,17 @@ class Model:
 
         Returns logits [T, vocab], attention [layers, heads, T, T] (row t: weights of query t
         over positions 0..t) and pre-RoPE queries [layers, heads, T, head_dim]."""
+        logits, attention, queries, _ = self.trace_with_keys(ids)
+        return logits, attention, queries
+
+    def trace_with_keys(self, ids: list[int]):
+        """trace() plus the post-RoPE keys [layers, kv_heads, T, head_dim] the attention was
+        computed from (as the KV cache stores them): (logits, attention, queries, keys)."""
         rec: list = []
-        logits = self._run(ids, 0, [None] * self.config.num_hidden_layers, rec)
-        return logits, np.stack([p for p, _ in rec]), np.stack([q for _, q in rec])
+        cache: list = [None] * self.config.num_hidden_layers
+        logits = self._run(ids, 0, cache, rec)  # fills cache[layer] = (keys after RoPE, values)
+        return (logits, np.stack([p for p, _ in rec]), np.stack([q for _, q in rec]),
+                np.stack([k for k, _ in cache]))
 
     def generate(self, ids: list[int], max_new_tokens: int, record: bool = False):
         """Greedy decoding with a full KV cache; stops after eos (not included in the output).

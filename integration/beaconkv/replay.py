@@ -2,23 +2,19 @@
 
 A teacher-forced pass of the NumPy reference over prompt + reference output records, for every
 position and (layer, head), the full-cache attention row, the pre-RoPE query and the post-RoPE
-key. Each policy is then driven exactly as the engine drives it (``beaconkv.Policy``): the
-prompt is prefilled and observed, then every decode position appends its key, is observed
-(pre- and post-RoPE queries of the kv head's group) and, after the whole step, every head the
-policy reports due is compressed, with all kv heads' keys of the layer passed in.
+key. Each policy's evictions come from the C++ engine itself (``Engine.replay_evictions``):
+the engine teacher-forces the same tokens under the policy with its own observe/compress loop
+and records when each position left each (layer, kv_head). There is no second drive loop: the
+evictions are exactly those of a teacher-forced engine run (``beaconkv eval``'s forced mode),
+closed loop, i.e. from the second layer on they follow the queries and keys of the engine's
+compressed cache, not the full-cache ones. The engine does not compress after a sequence's last
+step, so a position is never "evicted at" the trace's last position.
 
-The replay is open loop: every layer sees the full-cache queries and keys, so it asks "which
-tokens would the policy evict from the full-cache trajectory", free of compounding. In the
-engine, from the second layer on, earlier layers' evictions change the queries and keys and so
-the later choices. On a one-layer model the two coincide: the engine's teacher-forced logits
-equal the reference's with attention masked to the replay's kept tokens (tested).
-
-The replay remembers when each original position left each (layer, kv_head). The **missed
-revisit mass** of query t of query head h is the share of its full-cache attention mass that
-falls on positions its kv head had evicted before step t. It is reported for the queries after
-the sequence's first compression (all output queries when the policy never compresses, where
-it is 0), split into global and local queries with revisit.py's top-K mean distance: global
-when the distance exceeds ``threshold_frac`` x sequence length.
+The **missed revisit mass** of query t of query head h is the share of its full-cache attention
+mass that falls on positions its kv head had evicted before step t. It is reported for the
+queries after the sequence's first compression (all output queries when the policy never
+compresses, where it is 0), split into global and local queries with revisit.py's top-K mean
+distance: global when the distance exceeds ``threshold_frac`` x sequence length.
 
     from beaconkv.replay import replay_split
     res = replay_split("models/tiny-reasoner", "dev", ["beacon", "snapkv"], budget=64, num=2)
@@ -32,10 +28,11 @@ from typing import Iterable
 import numpy as np
 
 from beaconkv import task
-from beaconkv.reference import Model, rope
+from beaconkv.reference import Model
 from beaconkv.revisit import query_distances
 
-NEVER = np.iinfo(np.int64).max  # eviction step of a position that is never evicted
+# Eviction step of a position that is never evicted: the engine's NEVER_EVICTED (int64 max).
+NEVER = np.iinfo(np.int64).max
 
 
 def policy_configs(policies: list[str], budget: int | None = None, interval: int | None = None,
@@ -72,6 +69,7 @@ class Trace:
     queries:    [layers, heads, T, head_dim] pre-RoPE queries.
     keys:       [layers, kv_heads, T, head_dim] post-RoPE keys (as the KV cache stores them).
     roles:      [T - prompt_len + 1] role letter of each output query (see revisit.py), or None.
+    model_dir:  the checkpoint the trace was recorded from (eviction_steps runs its engine).
     """
 
     ids: list[int]
@@ -81,85 +79,50 @@ class Trace:
     keys: np.ndarray
     rope_theta: float
     roles: np.ndarray | None = None
+    model_dir: str | None = None
 
 
 def record_trace(model: Model, rec: dict) -> Trace:
-    """Teacher-forced full-cache trace of one problem, keys included.
-
-    Model.trace() returns attention and queries but not keys, so this runs the reference's own
-    forward with a KV cache list, from which the post-RoPE keys are read: one pass, and the keys
-    are by construction the ones the recorded attention was computed from."""
+    """Teacher-forced full-cache trace of one problem, keys included (Model.trace_with_keys:
+    one pass, so the keys are by construction the ones the recorded attention was computed
+    from)."""
     tok = model.tokenizer
     prompt_ids = model.encode_prompt(rec["prompt"])
     ids = prompt_ids + tok.encode(rec["target"])
-    cache: list = [None] * model.config.num_hidden_layers
-    steps: list = []
-    model._run(ids, 0, cache, steps)  # fills cache[layer] = (keys after RoPE, values)
-    attention = np.stack([p for p, _ in steps])  # [L, H, T, T]
-    queries = np.stack([q for _, q in steps])  # [L, H, T, hd]
-    keys = np.stack([k for k, _ in cache])  # [L, KV, T, hd]
+    _, attention, queries, keys = model.trace_with_keys(ids)
     roles = None
     if "roles" in rec and len(rec["roles"]) == len(ids) - len(prompt_ids):
         roles = np.array(list(rec["roles"] + "E"))  # the last query predicts end-of-sequence
-    return Trace(ids, len(prompt_ids), attention, queries, keys, model.config.rope_theta, roles)
+    return Trace(ids, len(prompt_ids), attention, queries, keys, model.config.rope_theta, roles,
+                 model.dir)
 
 
-def eviction_steps(trace: Trace, policy_cfg) -> tuple[np.ndarray, int]:
-    """Drives `policy_cfg` over the trace as the engine does.
+_engines: dict = {}  # model_dir -> an idle Engine that replays evictions
 
-    Returns evicted_at [layers, kv_heads, T]: the decode position after whose step the position
-    was evicted (NEVER if kept to the end), and the first such step (NEVER if none)."""
+
+def replay_engine(model_dir: str):
+    """The engine eviction_steps uses for `model_dir` (one per checkpoint, created once; its
+    policy is given per replay)."""
     import beaconkv
 
-    qry, keys = trace.queries, trace.keys
-    n_layers, n_heads, t_len, hd = qry.shape
-    n_kv = keys.shape[1]
-    group = n_heads // n_kv
-    p_len = trace.prompt_len
-    q_post = rope(qry, np.arange(t_len), trace.rope_theta).astype(np.float32)  # [L, H, T, hd]
-    q_pre = np.ascontiguousarray(qry, dtype=np.float32)
-    keys = np.ascontiguousarray(keys, dtype=np.float32)
-    policy = beaconkv.Policy(policy_cfg, n_layers, n_kv, group, hd, trace.rope_theta, p_len)
-    with_keys = policy.needs_keys_on_observe
-    # kept[l][g]: original positions the head holds, ascending (slot order does not matter to
-    # the policies; they order by position internally).
-    kept = [[np.arange(p_len, dtype=np.int32) for _ in range(n_kv)] for _ in range(n_layers)]
-    evicted_at = np.full((n_layers, n_kv, t_len), NEVER, dtype=np.int64)
-    first = NEVER
+    if model_dir not in _engines:
+        _engines[model_dir] = beaconkv.Engine(model_dir, max_batch=1)
+    return _engines[model_dir]
 
-    def observe(layer: int, g: int, t: int) -> None:
-        hs = slice(g * group, (g + 1) * group)
-        if with_keys:
-            pos = kept[layer][g]
-            policy.observe(layer, g, t, q_pre[layer, hs, t], q_post[layer, hs, t],
-                           keys[layer, g, pos], pos)
-        else:
-            policy.observe(layer, g, t, q_pre[layer, hs, t], q_post[layer, hs, t])
 
-    for layer in range(n_layers):  # prefill: every prompt query, all prompt keys present
-        for t in range(p_len):
-            for g in range(n_kv):
-                observe(layer, g, t)
-    for t in range(p_len, t_len):  # decode: append, observe, then compress what is due
-        for layer in range(n_layers):
-            for g in range(n_kv):
-                kept[layer][g] = np.append(kept[layer][g], np.int32(t))
-                observe(layer, g, t)
-        for layer in range(n_layers):
-            due = policy.due_heads(layer, [len(k) for k in kept[layer]])
-            if not due:
-                continue
-            pos = kept[layer]
-            sets = policy.compress(layer, [keys[layer, g, pos[g]] for g in range(n_kv)], pos,
-                                   list(due), t)
-            for _, g, slots in sets:
-                survivors = pos[g][np.asarray(slots, dtype=np.int64)]
-                gone = np.setdiff1d(pos[g], survivors)
-                if len(gone):
-                    evicted_at[layer, g, gone] = t
-                    first = min(first, t)
-                kept[layer][g] = survivors
-    return evicted_at, first
+def eviction_steps(trace: Trace, policy_cfg, engine=None) -> tuple[np.ndarray, int]:
+    """The engine's evictions when it teacher-forces `trace.ids` under `policy_cfg`.
+
+    Returns evicted_at [layers, kv_heads, T]: the decode step (= position) after whose step the
+    engine evicted the position from the head (NEVER if kept to the end), and the first such
+    step (NEVER if none). `engine`: a beaconkv.Engine of the trace's model (default: one for
+    trace.model_dir); it must be idle."""
+    if engine is None:
+        if trace.model_dir is None:
+            raise ValueError("eviction_steps: the trace has no model_dir; pass engine=")
+        engine = replay_engine(trace.model_dir)
+    evicted_at, first = engine.replay_evictions(trace.ids, trace.prompt_len, policy_cfg)
+    return evicted_at, int(first)
 
 
 def missed_mass(trace: Trace, evicted_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -85,45 +85,178 @@ def test_streaming_replay_keeps_sinks_and_newest(trace):
     import beaconkv
     from beaconkv.replay import NEVER, eviction_steps
 
+    assert NEVER == beaconkv.NEVER_EVICTED
     budget, sinks = 24, 4
     evicted_at, first = eviction_steps(trace, beaconkv.make_policy_config(
         "streaming", budget, knobs={"n_sinks": sinks}))
     t_len = len(trace.ids)
+    assert evicted_at.shape == trace.keys.shape[:3] and evicted_at.dtype == np.int64
+    # Every step down to `budget`, except the last: the engine does not compress after a
+    # sequence's last step, so the newest budget - sinks + 1 positions are still there.
     expect = np.zeros(t_len, bool)
     expect[:sinks] = True
-    expect[t_len - (budget - sinks):] = True
+    expect[t_len - (budget - sinks) - 1:] = True
     for layer in range(evicted_at.shape[0]):
         for g in range(evicted_at.shape[1]):
             np.testing.assert_array_equal(evicted_at[layer, g] == NEVER, expect)
+            # Streaming drops the oldest non-sink position at each step: position p leaves at
+            # the step that caches p + budget - sinks.
+            gone = np.nonzero(~expect)[0]
+            np.testing.assert_array_equal(evicted_at[layer, g, gone],
+                                          np.maximum(gone + budget - sinks, trace.prompt_len))
     # The prompt alone exceeds budget + interval: the first decode step compresses.
     assert first == trace.prompt_len
     assert (evicted_at[evicted_at != NEVER] >= first).all()
+    assert (evicted_at[evicted_at != NEVER] < t_len - 1).all()
+
+
+def forced_request(tok, problem):
+    """(prompt ids, forced output) of `problem` as `beaconkv eval` feeds them: the target and
+    end-of-sequence, so the engine caches every position of the trace."""
+    return ([tok.bos_id] + tok.encode(problem["prompt"]),
+            tok.encode(problem["target"]) + [tok.eos_id])
 
 
 @pytest.mark.parametrize("spec,budget,interval", [
     ("streaming", 24, None), ("h2o", 24, None), ("tova", 24, None), ("snapkv", 24, 8),
     ("rkv", 24, 8), ("beacon", 24, 8), ("beacon-pooled", 24, 8)])
-def test_replay_evicts_as_many_tokens_as_the_engine(trace, short_problem, spec, budget,
-                                                    interval):
+def test_replay_evictions_are_the_engines(trace, short_problem, spec, budget, interval):
+    """The replay's evictions are those the engine makes serving the same tokens teacher forced,
+    batched with another sequence: the same positions at the same steps in every head."""
     import beaconkv
-    from beaconkv.replay import eviction_steps
+    from beaconkv import task
+    from beaconkv.replay import NEVER, eviction_steps, truncate_record
     from beaconkv.tokenizer import CharTokenizer
 
     cfg = short_config(spec, budget, interval)
     tok = CharTokenizer.load(MODEL)
-    engine = beaconkv.Engine(MODEL, policy=cfg)
-    forced = tok.encode(short_problem["target"]) + [tok.eos_id]
-    engine.add_request(0, [tok.bos_id] + tok.encode(short_problem["prompt"]),
-                       forced_output=forced, max_new_tokens=len(forced))
-    out = engine.run()[0]
-    evicted_at, _ = eviction_steps(trace, cfg)
-    # The engine does not compress after the step that finishes the sequence.
-    assert out["tokens_evicted"] == int((evicted_at < len(trace.ids) - 1).sum())
+    engine = beaconkv.Engine(MODEL, policy=cfg, block_size=8)
+    prompt, forced = forced_request(tok, short_problem)
+    other = truncate_record(task.read_split(os.path.join(MODEL, "data", "dev.jsonl"))[1], 40)
+    o_prompt, o_forced = forced_request(tok, other)
+    engine.add_request(7, o_prompt, forced_output=o_forced, max_new_tokens=len(o_forced))
+    engine.add_request(3, prompt, forced_output=forced, max_new_tokens=len(forced),
+                       record_evictions=True)
+    out = {o["id"]: o for o in engine.run()}
+    assert "evicted_at" not in out[7]
+    evicted_at, first = eviction_steps(trace, cfg)
+    assert prompt + forced[:-1] == trace.ids
+    np.testing.assert_array_equal(out[3]["evicted_at"], evicted_at)
+    assert out[3]["first_eviction_step"] == first
+    assert out[3]["tokens_evicted"] == int((evicted_at != NEVER).sum()) > 0
+    assert first >= trace.prompt_len
+    assert (evicted_at[evicted_at != NEVER] < len(trace.ids) - 1).all()
+
+
+def test_replay_rejects_bad_input(trace):
+    import beaconkv
+    from beaconkv.replay import eviction_steps
+
+    engine = beaconkv.Engine(MODEL, max_batch=1)
+    with pytest.raises(ValueError, match="token sequence is empty"):
+        engine.replay_evictions([], 1, "full")
+    with pytest.raises(ValueError, match="prompt_len 0 is outside"):
+        engine.replay_evictions(trace.ids, 0, "full")
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.replay_evictions([1, 5, 10_000], 2, "full")
+    with pytest.raises(ValueError):
+        engine.replay_evictions(trace.ids, trace.prompt_len,
+                                beaconkv.BeaconConfig(budget=8, n_recent=64))
+    engine.add_request(0, trace.ids[:trace.prompt_len], max_new_tokens=2)
+    with pytest.raises(ValueError, match="1 requests are unfinished"):
+        eviction_steps(trace, short_config("streaming", 24), engine)
+    engine.run()
+    # Still usable, and a full cache evicts nothing.
+    evicted_at, first = eviction_steps(trace, short_config("full"), engine)
+    assert (evicted_at == beaconkv.NEVER_EVICTED).all() and first == beaconkv.NEVER_EVICTED
+
+
+def reference_eviction_steps(trace, policy_cfg):
+    """The engine's drive order written out over a recorded trace (the replay's own loop before
+    the engine recorded its evictions), open loop: every layer sees the full-cache queries and
+    keys. Prefill: every prompt query is observed. Each decode step t: every (layer, kv_head)
+    appends position t and observes query t, then each layer compresses the heads the policy
+    reports due, at position t; not after the last step."""
+    import beaconkv
+    from beaconkv.reference import rope
+
+    qry, keys = trace.queries, trace.keys
+    n_layers, n_heads, t_len, hd = qry.shape
+    n_kv = keys.shape[1]
+    group = n_heads // n_kv
+    p_len = trace.prompt_len
+    q_post = rope(qry, np.arange(t_len), trace.rope_theta).astype(np.float32)
+    q_pre = np.ascontiguousarray(qry, dtype=np.float32)
+    keys = np.ascontiguousarray(keys, dtype=np.float32)
+    policy = beaconkv.Policy(policy_cfg, n_layers, n_kv, group, hd, trace.rope_theta, p_len)
+    kept = [[np.arange(p_len, dtype=np.int32) for _ in range(n_kv)] for _ in range(n_layers)]
+    evicted_at = np.full((n_layers, n_kv, t_len), np.iinfo(np.int64).max, dtype=np.int64)
+
+    def observe(layer, g, t):
+        hs = slice(g * group, (g + 1) * group)
+        if policy.needs_keys_on_observe:
+            pos = kept[layer][g]
+            policy.observe(layer, g, t, q_pre[layer, hs, t], q_post[layer, hs, t],
+                           keys[layer, g, pos], pos)
+        else:
+            policy.observe(layer, g, t, q_pre[layer, hs, t], q_post[layer, hs, t])
+
+    for layer in range(n_layers):
+        for t in range(p_len):
+            for g in range(n_kv):
+                observe(layer, g, t)
+    for t in range(p_len, t_len):
+        for layer in range(n_layers):
+            for g in range(n_kv):
+                kept[layer][g] = np.append(kept[layer][g], np.int32(t))
+                observe(layer, g, t)
+        if t == t_len - 1:
+            break
+        for layer in range(n_layers):
+            due = policy.due_heads(layer, [len(k) for k in kept[layer]])
+            if not due:
+                continue
+            pos = kept[layer]
+            sets = policy.compress(layer, [keys[layer, g, pos[g]] for g in range(n_kv)], pos,
+                                   list(due), t)
+            for _, g, slots in sets:
+                survivors = pos[g][np.asarray(slots, dtype=np.int64)]
+                evicted_at[layer, g, np.setdiff1d(pos[g], survivors)] = t
+                kept[layer][g] = survivors
+    return evicted_at
+
+
+@pytest.mark.parametrize("spec,budget,interval", [
+    ("streaming", 24, None), ("h2o", 24, None), ("tova", 24, None), ("snapkv", 24, 8),
+    ("rkv", 24, 8), ("beacon", 24, 8), ("beacon-pooled", 24, 8)])
+def test_replay_follows_the_drive_order(trace, spec, budget, interval):
+    """Regression guard on the engine's drive order (observe every head of every layer, then
+    compress what is due, not after the last step): layer 0 sees the same queries and keys open
+    and closed loop, so there the engine's evictions equal the written-out loop's exactly; in
+    later layers the same number of positions leaves each head (each layer when the budget is
+    pooled over heads) at each step."""
+    from beaconkv.replay import NEVER, eviction_steps
+
+    cfg = short_config(spec, budget, interval)
+    got, _ = eviction_steps(trace, cfg)
+    want = reference_eviction_steps(trace, cfg)
+    np.testing.assert_array_equal(got[0], want[0])
+    t_len = len(trace.ids)
+    for ev in (got, want):
+        assert (ev[ev != NEVER] < t_len - 1).all()
+    steps = np.arange(t_len)
+    per = (1,) if spec.endswith("-pooled") else ()  # sum over kv heads when pooled
+
+    def count(ev):  # [L, (KV,) steps] positions evicted at each step
+        return (ev[..., None] == steps).sum(-2).sum(per)
+
+    np.testing.assert_array_equal(count(got), count(want))
 
 
 def write_one_layer_model(dst):
-    """The shipped checkpoint cut to its first layer: there the replay sees the very queries
-    and keys the engine does, so both must keep the same tokens."""
+    """The shipped checkpoint cut to its first layer: there the full-cache reference computes
+    the very queries and keys the engine does, so its logits with attention masked to the
+    engine's recorded evictions must be the engine's."""
     from beaconkv.reference import read_safetensors
 
     with open(os.path.join(MODEL, "config.json")) as f:
