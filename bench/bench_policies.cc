@@ -163,6 +163,7 @@ void BM_Fps(benchmark::State& bench) {
 BENCHMARK(BM_Fps)
     ->ArgNames({"n", "dim", "picks"})
     ->Args({512, 32, 256})
+    ->Args({320, 32, 256})
     ->Args({512, 32, 2})
     ->Args({512, 128, 256})
     ->Unit(benchmark::kMicrosecond);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -101,13 +102,41 @@ class VllmKvCache {
 
   void Free(SequenceId id) {
     policies_.erase(id);
+    reserved_.erase(id);
     if (manager_->HasSequence(id)) Check(manager_->FreeSequence(id));
+  }
+
+  // Reservation admission. The most blocks a sequence whose prefill is `prefill_len` tokens
+  // (the prompt, or prompt + output when a preempted request is recomputed) and which ends at
+  // `max_total` tokens ever holds under the policy (PeakHeadTokens in every head); None when
+  // the policy bounds no head (full, pooled budgets, rpc).
+  std::optional<int32_t> PeakBlocks(int32_t prefill_len, int64_t max_total) const {
+    const std::optional<int64_t> peak = PeakHeadTokens(policy_, prefill_len);
+    if (!peak) return std::nullopt;
+    const int64_t tokens = std::min<int64_t>(*peak, std::max<int64_t>(max_total, prefill_len));
+    const int64_t bs = shape().block_size;
+    return static_cast<int32_t>(shape().num_heads_total() * ((tokens + bs - 1) / bs));
+  }
+  // Records that `id` may grow to `blocks` (its peak); freed with the sequence.
+  void Reserve(SequenceId id, int32_t blocks) {
+    if (!manager_->HasSequence(id)) {
+      throw py::value_error(absl::StrFormat("reserve: unknown sequence %d", id));
+    }
+    reserved_[id] = blocks;
+  }
+  // Blocks the reserved sequences may still take: sum of max(0, peak - blocks held).
+  int64_t OutstandingBlocks() const {
+    int64_t out = 0;
+    for (const auto& [id, peak] : reserved_) {
+      out += std::max<int64_t>(0, peak - Unwrap(manager_->NumBlocksOf(id)));
+    }
+    return out;
   }
 
   // Runs the sequence's policy on every layer's heads at their trigger (as the reference
   // engine does after a decode step) and frees emptied blocks at once.
   // Returns {tokens_evicted, blocks_freed, compressions, keep: [(layer, kv_head, slots)]}.
-  py::dict Compress(SequenceId id, int32_t current_position) {
+  py::dict Compress(SequenceId id, int32_t current_position, bool return_keep) {
     auto it = policies_.find(id);
     if (it == policies_.end()) throw py::value_error(absl::StrFormat("unknown sequence %d", id));
     PolicyState& pol = *it->second;
@@ -142,9 +171,11 @@ class VllmKvCache {
     out["tokens_evicted"] = evicted;
     out["blocks_freed"] = freed;
     out["compressions"] = compressions;
-    py::list keep;
-    for (const KeepSet& k : applied) keep.append(py::make_tuple(k.layer, k.kv_head, k.slots));
-    out["keep"] = keep;  // [(layer, kv_head, kept slots)], for a replica pool
+    py::list keep;  // [(layer, kv_head, kept slots)], for a replica pool
+    if (return_keep) {
+      for (const KeepSet& k : applied) keep.append(py::make_tuple(k.layer, k.kv_head, k.slots));
+    }
+    out["keep"] = keep;
     return out;
   }
 
@@ -388,6 +419,7 @@ class VllmKvCache {
   PolicyGeometry geometry_;
   std::unique_ptr<Rope> rope_;
   absl::flat_hash_map<SequenceId, std::unique_ptr<PolicyState>> policies_;  // [live sequences]
+  absl::flat_hash_map<SequenceId, int32_t> reserved_;  // peak blocks of admitted sequences
   std::unique_ptr<CpuKvStore> store_;
   std::unique_ptr<BlockManager> manager_;
 };
@@ -409,6 +441,12 @@ void BindVllm(py::module_& m) {
            py::arg("prompt_len") = 0,
            "Room for num_tokens more tokens in every head; False (nothing changed) if full.")
       .def("free", &C::Free, py::arg("seq_id"), "Frees a sequence (unknown ids are ignored).")
+      .def("peak_blocks", &C::PeakBlocks, py::arg("prefill_len"), py::arg("max_total"),
+           "Most blocks a sequence ever holds under the policy, or None when unbounded.")
+      .def("reserve", &C::Reserve, py::arg("seq_id"), py::arg("blocks"),
+           "Records a live sequence's peak blocks (dropped when it is freed).")
+      .def_property_readonly("outstanding_blocks", &C::OutstandingBlocks,
+                             "Blocks reserved sequences may still take.")
       .def("has", [](C& c, SequenceId id) { return c.manager().HasSequence(id); })
       .def("attention", &C::Attention, py::arg("layer"), py::arg("seq_ids"), py::arg("query_lens"),
            py::arg("query"), py::arg("key"), py::arg("value"), py::arg("output").noconvert(),
@@ -419,7 +457,9 @@ void BindVllm(py::module_& m) {
       .def("head_tokens", &C::HeadTokens, py::arg("seq_id"), "[num_layers, num_kv_heads]")
       .def("apply_keep_sets", &C::ApplyKeepSets, py::arg("seq_id"), py::arg("keep"))
       .def("compress", &C::Compress, py::arg("seq_id"), py::arg("current_position"),
-           "The policy on the heads at their trigger; emptied blocks are freed at once.")
+           py::arg("return_keep") = true,
+           "The policy on the heads at their trigger; emptied blocks are freed at once. "
+           "return_keep=False leaves out the keep-sets (nobody replicates this pool).")
       .def_property_readonly("num_free_blocks", [](C& c) { return c.manager().NumFreeBlocks(); })
       .def_property_readonly("num_used_blocks", [](C& c) { return c.manager().NumUsedBlocks(); })
       .def_property_readonly("num_usable_blocks",

@@ -21,101 +21,99 @@ constexpr int32_t kBlock = 64;
 int32_t Padded(int32_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
 
 // One pass over every point: min_dist = min(min_dist, 1 - cos(point, v)), cos = the FMA chain
-// over d of unit[d] * v[d] (d = 0, 1, ...); returns the largest min_dist and sets *far_block to
-// the start of the first block holding it. min_dist is padded to whole blocks; padding and
+// over d of unit[d] * v[d] (d = 0, 1, ...); returns the largest min_dist and writes each
+// block's largest into block_far[block]. min_dist is padded to whole blocks; padding and
 // chosen points hold -1, below every distance, so they never win the max. Every ISA path
 // computes the same chain per point, so the result does not depend on the machine.
 using UpdateFn = float (*)(const float* blocked, int32_t n, int32_t dim, const float* v,
-                           float* min_dist, int32_t* far_block);
+                           float* min_dist, float* block_far);
 
 #if defined(__x86_64__)
 __attribute__((target("avx512f"))) float UpdateAvx512(const float* blocked, int32_t n, int32_t dim,
                                                       const float* v, float* min_dist,
-                                                      int32_t* far_block) {
+                                                      float* block_far) {
   const __m512 one = _mm512_set1_ps(1.0f);
   float far = -1.0f;
-  *far_block = 0;
   for (int32_t i0 = 0; i0 < n; i0 += kBlock) {
     const float* block = blocked + static_cast<size_t>(i0) * dim;
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                     _mm512_setzero_ps()};
+    // Four named accumulators, not an array: GCC kept an array on the stack, so every FMA
+    // went through a store and a reload (3x slower).
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
+           a3 = _mm512_setzero_ps();
     for (int32_t d = 0; d < dim; ++d) {
       const __m512 vd = _mm512_set1_ps(v[d]);
       const float* col = block + static_cast<size_t>(d) * kBlock;
-      for (int32_t q = 0; q < 4; ++q) {
-        acc[q] = _mm512_fmadd_ps(_mm512_loadu_ps(col + 16 * q), vd, acc[q]);
-      }
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(col), vd, a0);
+      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(col + 16), vd, a1);
+      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(col + 32), vd, a2);
+      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(col + 48), vd, a3);
     }
-    __m512 block_far = _mm512_set1_ps(-1.0f);
+    const __m512 acc[4] = {a0, a1, a2, a3};
+    __m512 vmax = _mm512_set1_ps(-1.0f);
     for (int32_t q = 0; q < 4; ++q) {
       float* md = min_dist + i0 + 16 * q;
       const __m512 m = _mm512_min_ps(_mm512_loadu_ps(md), _mm512_sub_ps(one, acc[q]));
       _mm512_storeu_ps(md, m);
-      block_far = _mm512_max_ps(block_far, m);
+      vmax = _mm512_max_ps(vmax, m);
     }
     float lanes[16];  // (_mm512_reduce_max_ps trips GCC 12's -Wuninitialized)
-    _mm512_storeu_ps(lanes, block_far);
+    _mm512_storeu_ps(lanes, vmax);
     const float m = *std::max_element(lanes, lanes + 16);
-    if (m > far) {
-      far = m;
-      *far_block = i0;
-    }
+    block_far[i0 / kBlock] = m;
+    far = std::max(far, m);
   }
   return far;
 }
 
 __attribute__((target("avx2,fma"))) float UpdateAvx2(const float* blocked, int32_t n, int32_t dim,
                                                      const float* v, float* min_dist,
-                                                     int32_t* far_block) {
+                                                     float* block_far) {
   const __m256 one = _mm256_set1_ps(1.0f);
   float far = -1.0f;
-  *far_block = 0;
   for (int32_t i0 = 0; i0 < n; i0 += kBlock) {
     const float* block = blocked + static_cast<size_t>(i0) * dim;
-    __m256 block_far = _mm256_set1_ps(-1.0f);
+    __m256 vmax = _mm256_set1_ps(-1.0f);
     for (int32_t half = 0; half < 2; ++half) {  // 32 points at a time: 4 accumulators of 8
-      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                       _mm256_setzero_ps()};
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+             a3 = _mm256_setzero_ps();
       for (int32_t d = 0; d < dim; ++d) {
         const __m256 vd = _mm256_set1_ps(v[d]);
         const float* col = block + static_cast<size_t>(d) * kBlock + 32 * half;
-        for (int32_t q = 0; q < 4; ++q) {
-          acc[q] = _mm256_fmadd_ps(_mm256_loadu_ps(col + 8 * q), vd, acc[q]);
-        }
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(col), vd, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(col + 8), vd, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(col + 16), vd, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(col + 24), vd, a3);
       }
+      const __m256 acc[4] = {a0, a1, a2, a3};
       for (int32_t q = 0; q < 4; ++q) {
         float* md = min_dist + i0 + 32 * half + 8 * q;
         const __m256 m = _mm256_min_ps(_mm256_loadu_ps(md), _mm256_sub_ps(one, acc[q]));
         _mm256_storeu_ps(md, m);
-        block_far = _mm256_max_ps(block_far, m);
+        vmax = _mm256_max_ps(vmax, m);
       }
     }
     float lanes[8];
-    _mm256_storeu_ps(lanes, block_far);
+    _mm256_storeu_ps(lanes, vmax);
     const float m = *std::max_element(lanes, lanes + 8);
-    if (m > far) {
-      far = m;
-      *far_block = i0;
-    }
+    block_far[i0 / kBlock] = m;
+    far = std::max(far, m);
   }
   return far;
 }
 #endif
 
 float UpdatePortable(const float* blocked, int32_t n, int32_t dim, const float* v, float* min_dist,
-                     int32_t* far_block) {
+                     float* block_far) {
   float far = -1.0f;
-  *far_block = 0;
   for (int32_t i = 0; i < Padded(n); ++i) {
     const float* col = blocked + static_cast<size_t>(i / kBlock) * dim * kBlock + i % kBlock;
     float acc = 0.0f;
     for (int32_t d = 0; d < dim; ++d)
       acc = std::fma(col[static_cast<size_t>(d) * kBlock], v[d], acc);
     min_dist[i] = std::min(min_dist[i], 1.0f - acc);
-    if (min_dist[i] > far) {
-      far = min_dist[i];
-      *far_block = i / kBlock * kBlock;
-    }
+    if (i % kBlock == 0) block_far[i / kBlock] = -1.0f;
+    block_far[i / kBlock] = std::max(block_far[i / kBlock], min_dist[i]);
+    far = std::max(far, min_dist[i]);
   }
   return far;
 }
@@ -201,7 +199,7 @@ std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32
   std::vector<float> blocked;
   PackUnit(points, n, dim, &blocked);
   const int32_t stride = Padded(n);
-  auto unit = [&](int32_t i, int32_t d) {
+  auto at = [&](int32_t i, int32_t d) -> float& {
     return blocked[static_cast<size_t>(i / kBlock) * dim * kBlock +
                    static_cast<size_t>(d) * kBlock + i % kBlock];
   };
@@ -209,11 +207,26 @@ std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32
   std::vector<float> min_dist(stride, kChosen);
   float* md = min_dist.data();
   std::vector<float> v(dim, 0.0f);
-  // The first index at or after `block` holding `far` (ties go to the earliest point).
-  auto first_at = [&](float far, int32_t block) {
-    int32_t i = block;
-    while (md[i] != far) ++i;
-    return i;
+  // The points still unchosen are the first `active` slots; a chosen point is swapped to the
+  // end of that range (slot order is then no longer index order: `index` maps a slot to its
+  // point), so each pass covers only the points that can still be picked and the work per draw
+  // falls from count * n to about count * (n - count / 2) cosines.
+  std::vector<int32_t> index(stride);
+  for (int32_t i = 0; i < stride; ++i) index[i] = i;
+  int32_t active = n;
+  // The slot holding the pick: among the unchosen slots whose distance is `far` (only blocks
+  // whose largest is `far` can hold one), the one of the earliest point (the tie rule).
+  std::vector<float> block_far(stride / kBlock, kChosen);
+  auto pick_at = [&](float far) {
+    int32_t best = -1;
+    for (int32_t b = 0; b * kBlock < active; ++b) {
+      if (block_far[b] != far) continue;
+      for (int32_t i = b * kBlock; i < std::min(active, (b + 1) * kBlock); ++i) {
+        if (md[i] == far && (best < 0 || index[i] < index[best])) best = i;
+      }
+    }
+    BKV_CHECK(best >= 0);
+    return best;
   };
 
   // Seed: the point farthest from the direction of the mean of the unit vectors, found with
@@ -234,19 +247,25 @@ std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32
     for (int32_t d = 0; d < dim; ++d) v[d] = static_cast<float>(sum[d] / std::sqrt(sq));
   }
   std::fill_n(md, n, 2.0f);
-  int32_t block = 0;
-  float far = update(blocked.data(), n, dim, v.data(), md, &block);
-  int32_t pick = first_at(far, block);
+  float far = update(blocked.data(), n, dim, v.data(), md, block_far.data());
+  int32_t slot = pick_at(far);
   std::fill_n(md, n, 2.0f);
 
-  // Each pick: one fused cosine + min + max pass, then the first index holding the max.
+  // Each pick: take the slot out of the active range, then one fused cosine + min + max pass
+  // over the rest and the slot of the earliest point holding the max.
   for (;;) {
-    order.push_back(pick);
-    md[pick] = kChosen;
+    order.push_back(index[slot]);
+    for (int32_t d = 0; d < dim; ++d) v[d] = at(slot, d);
+    --active;
+    if (slot != active) {
+      for (int32_t d = 0; d < dim; ++d) std::swap(at(slot, d), at(active, d));
+      std::swap(md[slot], md[active]);
+      std::swap(index[slot], index[active]);
+    }
+    md[active] = kChosen;  // stays inside the last block's pass: -1 never wins the max
     if (static_cast<int32_t>(order.size()) == count) break;
-    for (int32_t d = 0; d < dim; ++d) v[d] = unit(pick, d);
-    far = update(blocked.data(), n, dim, v.data(), md, &block);
-    pick = first_at(far, block);
+    far = update(blocked.data(), active, dim, v.data(), md, block_far.data());
+    slot = pick_at(far);
   }
   return order;
 }

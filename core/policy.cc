@@ -1,6 +1,8 @@
 #include "core/policy.h"
 
 #include <algorithm>
+#include <type_traits>
+#include <variant>
 
 #include "absl/strings/str_format.h"
 #include "core/check.h"
@@ -87,6 +89,26 @@ absl::StatusOr<std::vector<KeepSet>> PolicyState::CompressScored(int32_t layer,
     scored.push_back(std::move(sh));
   }
   return internal::SelectScoredHeads(layer, scored, hooks.mode, hooks.budget);
+}
+
+std::optional<int64_t> PeakHeadTokens(const PolicyConfig& config, int32_t prompt_len) {
+  auto bound = [&](int64_t budget, int64_t interval) -> std::optional<int64_t> {
+    // Due once a head holds budget + interval; the first decode step follows the prefill.
+    return std::max<int64_t>(int64_t{prompt_len} + 1, budget + interval);
+  };
+  return std::visit(
+      [&](const auto& c) -> std::optional<int64_t> {
+        using C = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<C, FullConfig> || std::is_same_v<C, RpcConfig>) {
+          return std::nullopt;
+        } else {
+          if constexpr (requires { c.budget_mode; }) {
+            if (c.budget_mode != BudgetMode::kUniform) return std::nullopt;
+          }
+          return bound(c.budget, c.interval);
+        }
+      },
+      config);
 }
 
 absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -100,6 +101,14 @@ class PolicyState {
   PolicyGeometry geometry_;
   int32_t prompt_len_;
 };
+
+// The most tokens one head of a sequence with `prompt_len` prompt tokens ever holds under
+// `config` when it runs after every decode step, as the engine and the vLLM backend run it:
+// the prefill, one decode token, then at most budget + interval before each compression.
+// nullopt when no per-head bound exists (full; pooled budgets, where one head may take a
+// layer's share; rpc, whose trigger grows with every compression). Admission control uses it
+// to reserve a sequence's peak instead of preempting later.
+std::optional<int64_t> PeakHeadTokens(const PolicyConfig& config, int32_t prompt_len);
 
 // Validates config and geometry (kInvalidArgument with the reason) and creates the state.
 absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,

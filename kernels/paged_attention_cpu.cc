@@ -4,11 +4,100 @@
 #include <cmath>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "core/multiversion.h"
 #include "core/scoring.h"
 
 namespace beaconkv::kernels {
 namespace {
+
+// q.k of every query head of a GQA group against m keys of one block: p[h * n + o] =
+// scale * dot(qg[h], kb[o]). The explicit ISA paths keep a key's partial sums in one register
+// and reduce it with a fixed shuffle tree (an auto-vectorised dot reduced its 16 lanes with 16
+// serial scalar adds, the bulk of the decode attention's time).
+using QkFn = void (*)(const float* qg, int32_t group, const float* kb, int32_t m, int64_t d,
+                      float scale, float* p, int32_t n);
+
+void QkPortable(const float* qg, int32_t group, const float* kb, int32_t m, int64_t d, float scale,
+                float* p, int32_t n) {
+  for (int32_t o = 0; o < m; ++o) {
+    const float* kj = kb + o * d;
+    for (int32_t h = 0; h < group; ++h) {
+      const float* qh = qg + h * d;
+      float acc = 0.0f;
+      for (int64_t e = 0; e < d; ++e) acc += qh[e] * kj[e];
+      p[int64_t{h} * n + o] = acc * scale;
+    }
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) float Sum16(__m512 v) {
+  const __m256 lo = _mm512_castps512_ps256(v);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+  return _mm_cvtss_f32(s4);
+}
+
+// d a multiple of 16.
+__attribute__((target("avx512f"))) void QkAvx512(const float* qg, int32_t group, const float* kb,
+                                                 int32_t m, int64_t d, float scale, float* p,
+                                                 int32_t n) {
+  for (int32_t o = 0; o < m; ++o) {
+    const float* kj = kb + o * d;
+    for (int32_t h = 0; h < group; ++h) {
+      const float* qh = qg + h * d;
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(kj));
+      for (int64_t e = 16; e < d; e += 16) {
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + e), _mm512_loadu_ps(kj + e), acc);
+      }
+      p[int64_t{h} * n + o] = Sum16(acc) * scale;
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) float Sum8(__m256 v) {
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+  return _mm_cvtss_f32(s4);
+}
+
+// d a multiple of 8.
+__attribute__((target("avx2,fma"))) void QkAvx2(const float* qg, int32_t group, const float* kb,
+                                                int32_t m, int64_t d, float scale, float* p,
+                                                int32_t n) {
+  for (int32_t o = 0; o < m; ++o) {
+    const float* kj = kb + o * d;
+    for (int32_t h = 0; h < group; ++h) {
+      const float* qh = qg + h * d;
+      __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qh), _mm256_loadu_ps(kj));
+      for (int64_t e = 8; e < d; e += 8) {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_loadu_ps(kj + e), acc);
+      }
+      p[int64_t{h} * n + o] = Sum8(acc) * scale;
+    }
+  }
+}
+#endif
+
+// The fastest path this machine runs for head size d.
+QkFn PickQk(int64_t d) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (d % 16 == 0 && __builtin_cpu_supports("avx512f")) return QkAvx512;
+  if (d % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return QkAvx2;
+  }
+#endif
+  return QkPortable;
+}
 
 // One (row, kv head): every query head of the GQA group against the head's n slots, each key
 // and value loaded once for the group. D > 0 fixes head_dim at compile time so the output
@@ -19,22 +108,13 @@ template <int D>
                                                  const float* k_cache, const float* v_cache,
                                                  const int32_t* table, int32_t n, int32_t bs,
                                                  int64_t d_runtime, float scale,
-                                                 float* p,     // [group, n] scratch
-                                                 float* og) {  // [group, d]
+                                                 float* p,   // [group, n] scratch
+                                                 float* og,  // [group, d]
+                                                 QkFn qk) {
   const int64_t d = D > 0 ? D : d_runtime;
   for (int32_t j0 = 0, bi = 0; j0 < n; j0 += bs, ++bi) {
     const float* kb = k_cache + int64_t{table[bi]} * bs * d;
-    const int32_t m = std::min<int32_t>(bs, n - j0);
-    for (int32_t o = 0; o < m; ++o) {
-      const float* kj = kb + o * d;
-      for (int32_t h = 0; h < group; ++h) {
-        const float* qh = qg + h * d;
-        float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t e = 0; e < d; ++e) acc += qh[e] * kj[e];
-        p[int64_t{h} * n + j0 + o] = acc * scale;
-      }
-    }
+    qk(qg, group, kb, std::min<int32_t>(bs, n - j0), d, scale, p + j0, n);
   }
   // The scoring pipeline's vectorised softmax: std::exp per element dominated the step.
   for (int32_t h = 0; h < group; ++h) SoftmaxInPlace(p + int64_t{h} * n, n);
@@ -60,8 +140,8 @@ template <int D>
 #define BKV_HEAD_ATTENTION(NAME, D)                                                             \
   BKV_MULTIVERSION void NAME(const float* qg, int32_t group, const float* k_cache,              \
                              const float* v_cache, const int32_t* table, int32_t n, int32_t bs, \
-                             int64_t d, float scale, float* p, float* og) {                     \
-    HeadAttention<D>(qg, group, k_cache, v_cache, table, n, bs, d, scale, p, og);               \
+                             int64_t d, float scale, float* p, float* og, QkFn qk) {            \
+    HeadAttention<D>(qg, group, k_cache, v_cache, table, n, bs, d, scale, p, og, qk);           \
   }
 BKV_HEAD_ATTENTION(HeadAttention32, 32)
 BKV_HEAD_ATTENTION(HeadAttention64, 64)
@@ -81,6 +161,7 @@ void PagedDecodeAttentionCpu(const float* q, const float* k_cache, const float* 
                          : d == 64  ? &HeadAttention64
                          : d == 128 ? &HeadAttention128
                                     : &HeadAttentionAny;
+  const QkFn qk = PickQk(d);
   int64_t work = 0;
   for (int64_t i = 0; i < int64_t{s.rows} * s.num_kv_heads; ++i) work += lengths[i];
   work *= int64_t{group} * d;
@@ -93,7 +174,7 @@ void PagedDecodeAttentionCpu(const float* q, const float* k_cache, const float* 
       const int64_t first = (int64_t{b} * s.num_heads + int64_t{g} * group) * d;
       std::vector<float> p(static_cast<size_t>(group) * n);  // [group, n]
       head_attention(q + first, group, k_cache, v_cache, block_tables + head * s.max_blocks, n,
-                     s.block_size, d, scale, p.data(), out + first);
+                     s.block_size, d, scale, p.data(), out + first, qk);
     }
   }
 }

@@ -334,5 +334,29 @@ TEST(PolicyStateTest, UniformTriggerAndArgumentChecks) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// PeakHeadTokens: max(prompt + 1, budget + interval) for every policy with a per-head trigger;
+// none where a head has no bound of its own. (tests/python/test_vllm_cache.py drives a pool
+// and checks that heads reach the bound and never pass it.)
+TEST(PeakHeadTokensTest, PerHeadBoundOrNone) {
+  for (const std::string& name : PolicyNames()) {
+    SCOPED_TRACE(name);
+    const PolicyConfig c = SmallConfig(name);
+    std::visit(
+        [&](const auto& cfg) {
+          using T = std::decay_t<decltype(cfg)>;
+          if constexpr (std::is_same_v<T, FullConfig> || std::is_same_v<T, RpcConfig>) {
+            EXPECT_EQ(PeakHeadTokens(c, 5), std::nullopt);
+          } else {
+            EXPECT_EQ(PeakHeadTokens(c, 5), int64_t{cfg.budget} + cfg.interval);
+            EXPECT_EQ(PeakHeadTokens(c, 400), 401);
+          }
+        },
+        c);
+  }
+  BeaconConfig pooled = std::get<BeaconConfig>(SmallConfig("beacon"));
+  pooled.budget_mode = BudgetMode::kPooled;
+  EXPECT_EQ(PeakHeadTokens(pooled, 5), std::nullopt);
+}
+
 }  // namespace
 }  // namespace beaconkv

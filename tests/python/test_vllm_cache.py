@@ -114,3 +114,49 @@ def test_beacon_compression_frees_blocks_and_keeps_the_pool_intact():
         cache.attention(0, np.array([99], np.int32), np.array([1], np.int32),
                         np.zeros((1, H, D), np.float32), np.zeros((1, HKV, D), np.float32),
                         np.zeros((1, HKV, D), np.float32), np.zeros((1, H, D), np.float32), 1.0)
+
+
+def test_peak_blocks_bound_what_a_head_holds_and_reservations_count_the_rest():
+    rng = np.random.default_rng(9)
+    budget, interval, bs = 8, 4, 4
+    cfg = beaconkv.policy_config("beacon", budget=budget, interval=interval, n_recent=2,
+                                 n_sinks=1, n_beacons=2, buffer_min=4, buffer_max=8)
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200, policy=cfg, rope_theta=1e4, observe=True)
+    heads = L * HKV
+    # max(prompt + 1, budget + interval) tokens per head, capped by the sequence's end.
+    assert cache.peak_blocks(3, 1000) == heads * 3        # 12 tokens
+    assert cache.peak_blocks(3, 7) == heads * 2           # ends at 7 tokens
+    assert cache.peak_blocks(20, 1000) == heads * 6       # 21 tokens: the prompt's first step
+    full = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200)
+    assert full.peak_blocks(3, 1000) is None
+    pooled = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200, policy=beaconkv.policy_config(
+        "beacon", budget=budget, interval=interval, n_recent=2, n_sinks=1, n_beacons=2,
+        buffer_min=4, buffer_max=8, budget_mode="pooled"), rope_theta=1e4)
+    assert pooled.peak_blocks(3, 1000) is None
+
+    peak = cache.peak_blocks(3, 1000)
+    assert cache.allocate(1, 3, 3)
+    cache.reserve(1, peak)
+    assert cache.outstanding_blocks == peak - cache.num_used_blocks
+    seq = np.array([1], np.int32)
+    most = 0
+    for step in range(40):
+        n = 3 if step == 0 else 1
+        if step:
+            assert cache.allocate(1, 1, 3)
+        for layer in range(L):
+            cache.attention(layer, seq, np.array([n], np.int32),
+                            rng.standard_normal((n, H, D)).astype(np.float32),
+                            rng.standard_normal((n, HKV, D)).astype(np.float32),
+                            rng.standard_normal((n, HKV, D)).astype(np.float32),
+                            np.zeros((n, H, D), np.float32), 0.35)
+        most = max(most, cache.num_used_blocks)
+        assert cache.num_used_blocks <= peak
+        assert cache.outstanding_blocks == peak - cache.num_used_blocks
+        if step:
+            cache.compress(1, 3 + step - 1)
+    assert most == peak  # the bound is reached, not just respected
+    with pytest.raises(ValueError, match="unknown sequence 5"):
+        cache.reserve(5, 10)
+    cache.free(1)
+    assert cache.outstanding_blocks == 0

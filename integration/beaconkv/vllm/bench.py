@@ -48,6 +48,10 @@ def build_parser():
                    help="policy knob (repeatable), e.g. --knob interval=16")
     g.add_argument("--block-tokens", type=int, default=16,
                    help="tokens per block of the BeaconKV pool")
+    g.add_argument("--admission", choices=["reserve", "optimistic"], default="reserve",
+                   help="reserve: admit a request only when its peak KV under the policy fits "
+                        "(no preemption for policies that bound every head); optimistic: "
+                        "vLLM's rule (room for the prompt), preempting when the pool runs out")
     return parser
 
 
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
         from . import config
 
         cfg = {"policy": args.policy, "budget": args.budget, "knobs": args.knob or [],
-               "block_size": args.block_tokens}
+               "block_size": args.block_tokens, "admission": args.admission}
         config.parse(json.dumps(cfg))  # unknown policy / knob: error before vLLM starts
         os.environ[config.ENV] = json.dumps(cfg)
         from . import register
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     s = dict(state.stats())
     steps = max(1, s.get("steps", 0))
     extra = {"policy": args.policy, "budget": args.budget, "knobs": args.knob,
+             "admission": args.admission if args.policy != "stock" else None,
              "max_running": s["max_running"], "mean_running": s["running_sum"] / steps,
              "preemptions": s["preemptions"], "peak_kv_blocks": s["peak_kv_blocks"],
              "pool_blocks": s["pool_blocks"],

@@ -2,7 +2,8 @@
 
 ``BEACONKV_VLLM_CONFIG`` holds JSON such as
 ``{"policy": "beacon", "budget": 158, "knobs": ["interval=16"], "block_size": 16}``
-(``knobs`` may also be a ``{"name": value}`` map). The core's policy registry builds the
+(``knobs`` may also be a ``{"name": value}`` map; ``"admission": "optimistic"`` turns off
+the peak reservation, see docs/vllm.md). The core's policy registry builds the
 policy object (``beaconkv.make_policy_config``), so unknown policies and knobs fail exactly as
 they do in ``beaconkv eval``, here at engine start.
 """
@@ -14,7 +15,8 @@ import os
 from dataclasses import dataclass, field
 
 ENV = "BEACONKV_VLLM_CONFIG"
-_KEYS = {"policy", "budget", "knobs", "block_size"}
+_KEYS = {"policy", "budget", "knobs", "block_size", "admission"}
+ADMISSION = ("reserve", "optimistic")
 
 
 @dataclass
@@ -23,6 +25,10 @@ class VllmConfig:
     budget: int | None = None
     knobs: dict | list = field(default_factory=dict)  # {name: value} or ["NAME=VALUE", ...]
     block_size: int = 16  # tokens per block of our pool (one (sequence, layer, kv_head))
+    # reserve: admit a request only when its peak under the policy fits beside what the
+    # admitted ones may still take (no preemption for bounded policies); optimistic: vLLM's
+    # rule (room for the prompt now), preempting when the pool runs out.
+    admission: str = "reserve"
 
     def policy_config(self):
         """The native policy config; ValueError naming the bad policy or knob."""
@@ -32,7 +38,7 @@ class VllmConfig:
 
     def to_json(self) -> str:
         return json.dumps({"policy": self.policy, "budget": self.budget, "knobs": self.knobs,
-                           "block_size": self.block_size})
+                           "block_size": self.block_size, "admission": self.admission})
 
 
 def parse(text: str) -> VllmConfig:
@@ -49,8 +55,12 @@ def parse(text: str) -> VllmConfig:
     knobs = data.get("knobs") or {}
     if not isinstance(knobs, (list, dict)):
         raise ValueError(f"{ENV}: 'knobs' must be a list of NAME=VALUE or a map")
+    admission = data.get("admission", "reserve")
+    if admission not in ADMISSION:
+        raise ValueError(f"{ENV}: admission must be one of {list(ADMISSION)}, got {admission!r}")
     cfg = VllmConfig(policy=str(data.get("policy", "full")), budget=data.get("budget"),
-                     knobs=knobs, block_size=int(data.get("block_size", 16)))
+                     knobs=knobs, block_size=int(data.get("block_size", 16)),
+                     admission=admission)
     cfg.policy_config()  # fail now, at engine start, on an unknown policy or knob
     return cfg
 

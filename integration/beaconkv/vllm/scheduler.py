@@ -68,6 +68,12 @@ class _PooledCacheManager:
                        *args, **kwargs):
         n = num_new_tokens + num_new_computed_tokens
         seq = self._seq_of.get(request.request_id)
+        peak = None
+        if seq is None:
+            peak = self._st.admission_peak(request.num_tokens,
+                                           request.num_prompt_tokens + request.max_tokens, n)
+            if peak is False:
+                return None
         if not self._st.can_allocate(seq, n):
             return None
         blocks = self._inner.allocate_slots(request, num_new_tokens, num_new_computed_tokens,
@@ -79,6 +85,8 @@ class _PooledCacheManager:
             self._seq_of[request.request_id] = seq
         ok = self._st.allocate(seq, n, request.num_prompt_tokens)
         assert ok, "room was checked above"
+        if isinstance(peak, int):
+            self._st.cache.reserve(seq, peak)
         if self._ops is not None:
             self._ops.append(("a", seq, n, request.num_prompt_tokens))
         return blocks
@@ -198,5 +206,5 @@ class Scheduler(_VllmScheduler):
                     continue
                 if req.num_computed_tokens <= req.num_prompt_tokens:
                     continue
-                self.beacon_state.compress(seq, req.num_computed_tokens - 1)
+                self.beacon_state.compress(seq, req.num_computed_tokens - 1, keep_sets=False)
         return out

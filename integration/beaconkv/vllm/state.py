@@ -61,6 +61,22 @@ class BeaconState:
         sid = -1 if seq_id is None else seq_id
         return self.cache.blocks_needed(sid, num_tokens) <= self.cache.num_free_blocks
 
+    def admission_peak(self, prefill_len: int, max_total: int, num_tokens: int):
+        """Admission of a new (or recomputed) sequence that asks for `num_tokens` now.
+        With reservation (the default) and a policy that bounds every head: its peak blocks
+        if that peak fits beside what the admitted sequences may still take, else False.
+        None when there is nothing to reserve (optimistic admission, or an unbounded policy);
+        the sequence is then admitted on room for `num_tokens` alone, as vLLM does."""
+        if self.cfg.admission != "reserve":
+            return None
+        c = self.cache
+        need = c.blocks_needed(-1, num_tokens)
+        peak = c.peak_blocks(prefill_len, max_total)
+        if peak is None:
+            return None if need + c.outstanding_blocks <= c.num_free_blocks else False
+        peak = max(peak, need)
+        return peak if peak + c.outstanding_blocks <= c.num_free_blocks else False
+
     def allocate(self, seq_id: int, num_tokens: int, prompt_len: int) -> bool:
         if not self.cache.allocate(seq_id, num_tokens, prompt_len):
             return False
@@ -71,12 +87,13 @@ class BeaconState:
     def free(self, seq_id: int) -> None:
         self.cache.free(seq_id)
 
-    def compress(self, seq_id: int, current_position: int) -> list:
+    def compress(self, seq_id: int, current_position: int, keep_sets: bool = True) -> list:
         """Runs the sequence's policy on the heads at their trigger; frees blocks at once.
-        Returns the keep-sets applied: [(layer, kv_head, slots)]."""
+        Returns the keep-sets applied, [(layer, kv_head, slots)] (empty with keep_sets=False:
+        a single-process pool has no replica to tell)."""
         if not self.observes:
             return []
-        out = self.cache.compress(seq_id, current_position)
+        out = self.cache.compress(seq_id, current_position, return_keep=keep_sets)
         self._count(out)
         return [(int(l), int(h), [int(x) for x in slots]) for l, h, slots in out["keep"]]
 
