@@ -25,6 +25,7 @@
 #include "core/policy.h"
 #include "core/rope.h"
 #include "core/scoring.h"
+#include "core/status_macros.h"
 #include "engine/tensor_ops.h"
 #include "kernels/paged_attention_cpu.h"
 
@@ -149,8 +150,9 @@ class VllmKvCache {
       std::vector<std::vector<int32_t>> positions(s.num_kv_heads);
       std::vector<HeadKeys> heads(s.num_kv_heads);
       for (int32_t l = 0; l < s.num_layers; ++l) {
-        for (int32_t h = 0; h < s.num_kv_heads; ++h)
-          tokens[h] = *manager_->RetainedTokens(id, l, h);
+        for (int32_t h = 0; h < s.num_kv_heads; ++h) {
+          BKV_ASSIGN_OR_RETURN(tokens[h], manager_->RetainedTokens(id, l, h));
+        }
         const std::vector<int32_t> due = pol.DueHeads(l, tokens);
         if (due.empty()) continue;
         for (int32_t h = 0; h < s.num_kv_heads; ++h)
@@ -310,9 +312,10 @@ class VllmKvCache {
       const int32_t n = query_lens.at(r);
       PolicyState& pol = *policies_.at(id);
       for (int32_t h = 0; h < hkv; ++h) {
-        const int32_t c = *manager_->RetainedTokens(id, layer, h);
+        BKV_ASSIGN_OR_RETURN(const int32_t c, manager_->RetainedTokens(id, layer, h));
         for (int32_t i = 0; i < n; ++i) {
-          const int32_t pos = store_->position(*manager_->Slot(id, layer, h, c - n + i));
+          BKV_ASSIGN_OR_RETURN(const SlotRef slot, manager_->Slot(id, layer, h, c - n + i));
+          const int32_t pos = store_->position(slot);
           const float* post = q + ((t0 + i) * num_heads_ + h * group) * d;
           rope_->RotateMany(post, group, -static_cast<int64_t>(pos), pre.data());
           HeadKeys hk;
@@ -329,11 +332,12 @@ class VllmKvCache {
 
   HeadKeys GatherKeys(SequenceId id, int32_t layer, int32_t h, std::vector<float>* keys,
                       std::vector<int32_t>* positions) const {
-    const int32_t n = *manager_->RetainedTokens(id, layer, h);
+    // Only called for a sequence the caller has just found in the manager.
+    const int32_t n = BKV_CHECK_VALUE(manager_->RetainedTokens(id, layer, h));
     const int32_t d = shape().head_dim, bs = shape().block_size;
     keys->resize(static_cast<size_t>(n) * d);
     positions->resize(n);
-    const absl::Span<const BlockId> table = *manager_->BlockTable(id, layer, h);
+    const absl::Span<const BlockId> table = BKV_CHECK_VALUE(manager_->BlockTable(id, layer, h));
     for (int32_t j = 0; j < n; ++j) {
       const SlotRef slot{table[j / bs], j % bs};
       std::copy_n(store_->key(slot), d, keys->data() + static_cast<size_t>(j) * d);

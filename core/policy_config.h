@@ -1,6 +1,8 @@
 // Configuration of every eviction policy: one struct per policy, every knob a named field
-// with its default. Defaults follow ../shared/reference/kv-eviction-methods.md; where the
-// published method is silent, DESIGN.md §3 fixes the value. docs/policies.md lists them all.
+// with its default. Defaults follow the published methods (docs/policies.md names the sources);
+// where a method is silent, DESIGN.md §3 fixes the value. docs/policies.md lists them all.
+// The registry, knob access and command-line parsing are in policy_config.cc; the constraints
+// between knobs and DescribePolicy in policy_config_checks.cc.
 //
 // Trigger convention shared by the budgeted policies: a head holding `budget + interval`
 // tokens is compressed back to `budget`, so it oscillates between the two. interval = 1
@@ -105,7 +107,7 @@ struct BeaconConfig {
   // The first `coverage_layers` layers spread attention over the whole context: their heads
   // keep the protected tokens, then an evenly spaced sample of the rest (CoverageUnprotected,
   // one token per stratum, budget - protected strata), then the best scores for what is left.
-  // 1 = layer 0 (docs/results/accuracy.md, session 3).
+  // 1 = layer 0 (why: docs/policies.md, "Coverage layers").
   int32_t coverage_layers = 1;
 };
 
@@ -117,7 +119,8 @@ const std::vector<std::string>& PolicyNames();
 std::string_view PolicyName(const PolicyConfig& config);
 // The default configuration of a policy by name; unknown names -> kInvalidArgument.
 absl::StatusOr<PolicyConfig> DefaultPolicyConfig(std::string_view name);
-// kInvalidArgument naming the policy and knob when a configuration cannot work.
+// kInvalidArgument naming the policy and knob when a configuration cannot work: every knob
+// in its range (CheckKnobRanges), then the constraints between knobs.
 absl::Status ValidatePolicyConfig(const PolicyConfig& config);
 
 std::string_view BudgetModeName(BudgetMode mode);
@@ -175,6 +178,9 @@ absl::StatusOr<KnobValue> GetKnob(const PolicyConfig& config, std::string_view k
 // Sets one knob after checking its name, type and range (kInvalidArgument naming the policy
 // and knob). Constraints between knobs are ValidatePolicyConfig's.
 absl::Status SetKnob(PolicyConfig& config, std::string_view knob, const KnobValue& value);
+// Every knob of `config` inside its registry range (a config built field by field in C++ never
+// went through SetKnob); kInvalidArgument naming the first knob outside.
+absl::Status CheckKnobRanges(const PolicyConfig& config);
 
 // "NAME=VALUE" -> {NAME, VALUE as text}.
 absl::StatusOr<std::pair<std::string, std::string>> ParseKnobAssignment(std::string_view item);

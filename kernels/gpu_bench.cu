@@ -258,7 +258,8 @@ void FreeCache(PagedCache& c) {
     BENCH_CHECK(cudaFree(p));
 }
 
-double AttentionMs(const PagedCache& c, float* q, float* out) {
+// The attention shape of the benchmark cache `c`.
+PagedAttentionShape ShapeOf(const PagedCache& c) {
   PagedAttentionShape s;
   s.rows = c.rows;
   s.num_heads = kQHeads;
@@ -266,6 +267,11 @@ double AttentionMs(const PagedCache& c, float* q, float* out) {
   s.head_dim = kHeadDim;
   s.block_size = kBlockSize;
   s.max_blocks = c.max_blocks;
+  return s;
+}
+
+double AttentionMs(const PagedCache& c, float* q, float* out) {
+  const PagedAttentionShape s = ShapeOf(c);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
   return TimeMs(5, [&] {
     BENCH_CHECK(PagedDecodeAttention(q, c.k, c.v, c.tables, c.lengths, s, scale, out, nullptr));
@@ -427,13 +433,7 @@ __global__ void ToBf16(const float* x, __nv_bfloat16* y, int64_t n) {
 // The GQA kernel on cache `c` (fp32) or its bf16 copy, with its own split choice.
 double GqaMs(const PagedCache& c, const void* k, const void* v, KvDtype dtype, float* q, float* out,
              int32_t num_sms) {
-  PagedAttentionShape s;
-  s.rows = c.rows;
-  s.num_heads = kQHeads;
-  s.num_kv_heads = kKvHeads;
-  s.head_dim = kHeadDim;
-  s.block_size = kBlockSize;
-  s.max_blocks = c.max_blocks;
+  const PagedAttentionShape s = ShapeOf(c);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
   const int32_t splits = ChooseNumSplits(s, num_sms);
   size_t bytes = 0;

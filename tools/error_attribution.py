@@ -119,15 +119,21 @@ def render(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=os.path.join(ROOT, "models", "tiny-reasoner"))
-    ap.add_argument("--split", default="dev")
-    ap.add_argument("--num", type=int, default=64)
-    ap.add_argument("--policy", default="beacon", help="policy spec, e.g. beacon:n_recent=64")
-    ap.add_argument("--budget", type=int, default=128)
-    ap.add_argument("--interval", type=int, default=32)
-    ap.add_argument("--knob", action="append", metavar="NAME=VALUE")
-    ap.add_argument("--min-mass", type=float, default=0.1)
-    ap.add_argument("--top", type=int, default=3)
+    from beaconkv.validate import knob_help, policy_help, split_help
+
+    model = os.path.join(ROOT, "models", "tiny-reasoner")
+    ap.add_argument("--model", default=model, help="HF-style model directory")
+    ap.add_argument("--split", default="dev", help=split_help(model))
+    ap.add_argument("--num", type=int, default=64, help="first N problems")
+    ap.add_argument("--policy", default="beacon", help=policy_help())
+    ap.add_argument("--budget", type=int, default=128, help="KV tokens kept per head")
+    ap.add_argument("--interval", type=int, default=32,
+                    help="compression interval (for the policies that have one)")
+    ap.add_argument("--knob", action="append", metavar="NAME=VALUE", help=knob_help())
+    ap.add_argument("--min-mass", type=float, default=0.1,
+                    help="list a head when at least this share of its attention fell on "
+                         "tokens it had evicted")
+    ap.add_argument("--top", type=int, default=3, help="evicted tokens listed per head")
     ap.add_argument("--max-errors", type=int, default=3, help="errors shown per problem")
     ap.add_argument("--json", help="write the result as JSON here")
     args = ap.parse_args(argv)

@@ -55,10 +55,11 @@ def project(run: dict, full: dict, trace: int, memory: float, bw: float, eta: fl
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sweep", default=os.path.join(ROOT, "docs", "results", "throughput"))
+    ap.add_argument("--sweep", default=os.path.join(ROOT, "docs", "results", "throughput"),
+                    help="directory of tools/throughput_sweep.py's JSON files")
     ap.add_argument("--trace", type=int, default=32768, help="generated tokens per sequence")
     ap.add_argument("--memory-gb", type=float, default=77.0, help="KV memory (equal for all)")
-    ap.add_argument("--bandwidth-tbs", type=float, default=4.8)
+    ap.add_argument("--bandwidth-tbs", type=float, default=4.8, help="HBM bandwidth in TB/s")
     ap.add_argument("--eta", type=float, default=0.75, help="achieved share of HBM bandwidth")
     args = ap.parse_args()
     runs = []

@@ -182,7 +182,9 @@ def plot(rows: dict, path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default=os.path.join(ROOT, "docs", "results"))
+    p.add_argument("--results", default=os.path.join(ROOT, "docs", "results"),
+                   help="directory of tools/run_study.py's JSON files; accuracy.md is "
+                        "written there")
     args = p.parse_args(argv)
     rows = load_results(args.results)
     if not rows:

@@ -83,12 +83,17 @@ def write_json(path: str, data: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from beaconkv.validate import split_help
+
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=os.path.join(ROOT, "models", "tiny-reasoner"))
-    p.add_argument("--split", default="test", help="dev, test, or a .jsonl file")
+    p.add_argument("--model", default=os.path.join(ROOT, "models", "tiny-reasoner"),
+                   help="HF-style model directory")
+    p.add_argument("--split", default="test",
+                   help=split_help(os.path.join(ROOT, "models", "tiny-reasoner")))
     p.add_argument("--num", type=int, default=None, help="first N problems (default: all)")
-    p.add_argument("--budgets", type=int, nargs="+", default=DEFAULT_BUDGETS)
+    p.add_argument("--budgets", type=int, nargs="+", default=DEFAULT_BUDGETS,
+                   help="KV tokens kept per head, one run per budget")
     p.add_argument("--policies", nargs="+", default=None,
                    help="policy names, '<name>-pooled' for pooled budgets (default: all)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
@@ -99,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--knob", action="append", metavar="NAME=VALUE",
                    help="policy knob override for every policy of the grid (repeatable); "
                         "each policy must have it")
-    p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--out", default=os.path.join(ROOT, "docs", "results"))
+    p.add_argument("--max-batch", type=int, default=16, help="most sequences running at once")
+    p.add_argument("--out", default=os.path.join(ROOT, "docs", "results"),
+                   help="directory of the result JSON files")
     p.add_argument("--skip-existing", action="store_true",
                    help="leave runs whose JSON already exists (resume an interrupted study)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and exit")

@@ -116,17 +116,21 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.path.join(ROOT, "models", "tiny-reasoner"))
-    ap.add_argument("--num-prompts", type=int, default=96)
+    ap.add_argument("--model", default=os.path.join(ROOT, "models", "tiny-reasoner"),
+                    help="HF-style model directory")
+    ap.add_argument("--num-prompts", type=int, default=96, help="requests, all queued at once")
     ap.add_argument("--kv-blocks", type=int, default=2305,
                     help="2,304 usable blocks: ~4 full traces of ~1,150 tokens x 8 heads")
     ap.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")],
-                    default=[224, 158, 96, 64])
-    ap.add_argument("--policies", type=lambda s: s.split(","), default=["beacon", "snapkv", "h2o"])
-    ap.add_argument("--preemption", choices=["recompute", "swap"], default="swap")
-    ap.add_argument("--num-threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "throughput"))
+                    default=[224, 158, 96, 64], help="comma-separated budgets, e.g. 224,158")
+    ap.add_argument("--policies", type=lambda s: s.split(","), default=["beacon", "snapkv", "h2o"],
+                    help="comma-separated policy specs (full always runs as the baseline)")
+    ap.add_argument("--preemption", choices=["recompute", "swap"], default="swap",
+                    help="what a preempted sequence does: recompute or swap (to host memory)")
+    ap.add_argument("--num-threads", type=int, default=1, help="compute threads")
+    ap.add_argument("--seed", type=int, default=0, help="dataset seed")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "throughput"),
+                    help="directory of the run JSON files, the table and the plot")
     ap.add_argument("--table-only", action="store_true", help="rebuild the table and plot only")
     args = ap.parse_args()
     if not args.table_only:

@@ -120,11 +120,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def add_analyze_parser(subparsers, default_model: str) -> argparse.ArgumentParser:
-    from .validate import float_arg, int_arg, policy_help
+    from .validate import float_arg, int_arg, policy_help, split_help
 
     a = subparsers.add_parser("analyze", help="revisit analysis (+ policy replay) of a split")
     a.add_argument("--model", default=default_model, help="HF-style model directory")
-    a.add_argument("--split", default="dev", help="dev, test, or a .jsonl file")
+    a.add_argument("--split", default="dev", help=split_help(default_model))
     a.add_argument("--out", required=True, help="output directory (PNGs + summary.json)")
     a.add_argument("--num", type=int_arg(1), default=8, help="first N problems")
     a.add_argument("--prefix", default="revisit",

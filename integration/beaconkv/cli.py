@@ -79,7 +79,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .validate import UINT64_MAX, float_arg, int_arg, knob_help, policy_help
+    from .validate import UINT64_MAX, float_arg, int_arg, knob_help, policy_help, split_help
 
     parser = argparse.ArgumentParser(prog="beaconkv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="accuracy and KV memory of a policy on a split")
     common(e)
-    e.add_argument("--split", default="dev", help="dev, test, or a .jsonl file")
+    e.add_argument("--split", default="dev", help=split_help(default_model_dir()))
     e.add_argument("--num", type=int_arg(1), default=None, help="first K problems only")
     e.add_argument("--max-batch", type=int_arg(1), default=16,
                    help="most sequences running at once")

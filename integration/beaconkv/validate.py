@@ -61,6 +61,17 @@ def policy_help() -> str:
             f"knobs: beaconkv.policy_spec(NAME).knobs)")
 
 
+def split_help(model_dir: str) -> str:
+    """The --split help text: the named splits the model directory ships (data/NAME.jsonl)."""
+    import os
+
+    data = os.path.join(model_dir, "data")
+    names = sorted(f[:-len(".jsonl")] for f in (os.listdir(data) if os.path.isdir(data) else [])
+                   if f.endswith(".jsonl"))
+    return (f"one of {', '.join(names)} (the model's data/NAME.jsonl), or a .jsonl file"
+            if names else "a .jsonl file (the model directory has no data/NAME.jsonl)")
+
+
 def knob_help() -> str:
     return ("override a policy knob (repeatable), e.g. --knob interval=32; a knob the policy "
             "does not have is an error")

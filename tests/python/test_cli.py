@@ -102,6 +102,14 @@ def test_held_out_splits_load_by_name_and_are_new_problems():
         load_problems(MODEL, "heldout-1")
 
 
+def test_python_dash_m_beaconkv_is_the_cli():
+    r = subprocess.run([sys.executable, "-m", "beaconkv", "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for sub in ("generate", "eval", "demo", "analyze", "bench"):
+        assert sub in r.stdout
+
+
 def test_every_option_has_help_and_the_docstring_names_every_subcommand():
     import argparse
 

@@ -18,7 +18,7 @@ MODEL = default_model_dir()
 
 def test_copy_on_write_out_of_blocks_is_a_memory_error_not_a_crash():
     # The review's reproducer: compaction of a forked sequence needs a block for
-    # copy-on-write while the pool is full; the error used to be raised without the GIL.
+    # copy-on-write while the pool is full; the error must be raised with the GIL held.
     bm = beaconkv.BlockManager(2, 2, 4, block_size=4, num_blocks=17)
     bm.add_sequence(0, 8)
     bm.fork(0, 1)

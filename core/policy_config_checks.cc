@@ -1,0 +1,153 @@
+// What a policy configuration may hold and what it does: the constraints between knobs (each
+// knob's own range is the registry's, core/policy_config.cc) and the four choices a policy
+// makes silently, stated.
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "absl/strings/str_format.h"
+#include "core/overloaded.h"
+#include "core/policy_config.h"
+#include "core/status_macros.h"
+
+namespace beaconkv {
+namespace {
+
+absl::Status Invalid(std::string_view policy, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrFormat("policy %s: %s", policy, message));
+}
+
+absl::Status CheckKernel(std::string_view policy, int32_t kernel) {
+  return ValidatePoolKernel(kernel, absl::StrFormat("policy %s", policy).c_str());
+}
+
+absl::Status CheckWindowed(std::string_view policy, int32_t budget, int32_t window,
+                           int32_t kernel) {
+  if (budget <= window) {
+    return Invalid(policy, absl::StrFormat("budget (%d) must exceed the protected window (%d)",
+                                           budget, window));
+  }
+  return CheckKernel(policy, kernel);
+}
+
+}  // namespace
+
+absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
+  BKV_RETURN_IF_ERROR(CheckKnobRanges(config));
+  // Constraints between knobs; each knob's own range is the registry's.
+  return std::visit(
+      Overloaded{
+          [](const FullConfig&) { return absl::OkStatus(); },
+          [](const StreamingConfig& c) {
+            if (c.n_sinks > c.budget) {
+              return Invalid("streaming", absl::StrFormat("n_sinks (%d) must be in [0, budget=%d]",
+                                                          c.n_sinks, c.budget));
+            }
+            return absl::OkStatus();
+          },
+          [](const H2OConfig&) { return absl::OkStatus(); },
+          [](const TovaConfig&) { return absl::OkStatus(); },
+          [](const SnapKvConfig& c) {
+            return CheckWindowed("snapkv", c.budget, c.window, c.pool_kernel);
+          },
+          [](const RkvConfig& c) {
+            return CheckWindowed("rkv", c.budget, c.window, c.pool_kernel);
+          },
+          [](const RpcConfig& c) {
+            if (c.period / c.ratio < 1) {
+              return Invalid("rpc",
+                             absl::StrFormat("period / ratio must keep >= 1 token, got %d / %d",
+                                             c.period, c.ratio));
+            }
+            return CheckKernel("rpc", c.pool_kernel);
+          },
+          [](const BeaconConfig& c) {
+            if (c.budget < c.n_recent + c.n_sinks) {
+              return Invalid("beacon",
+                             absl::StrFormat("budget (%d) is smaller than the protected tokens "
+                                             "n_recent + n_sinks = %d",
+                                             c.budget, c.n_recent + c.n_sinks));
+            }
+            if (c.buffer_min >= c.buffer_max) {
+              return Invalid("beacon",
+                             absl::StrFormat("need 1 <= buffer_min < buffer_max, got buffer_min=%d "
+                                             "buffer_max=%d",
+                                             c.buffer_min, c.buffer_max));
+            }
+            if (c.n_beacons > c.buffer_min) {
+              return Invalid("beacon",
+                             absl::StrFormat("n_beacons (%d) must not exceed buffer_min (%d)",
+                                             c.n_beacons, c.buffer_min));
+            }
+            return CheckKernel("beacon", c.pool_kernel);
+          },
+      },
+      config);
+}
+
+PolicyTraits DescribePolicy(const PolicyConfig& config) {
+  return std::visit(
+      Overloaded{
+          [](const FullConfig&) {
+            return PolicyTraits{"none", "none", "none", "never"};
+          },
+          [](const StreamingConfig& c) {
+            return PolicyTraits{
+                "none (position rule)", "none", "none",
+                absl::StrFormat("head holds budget + interval = %d tokens", c.budget + c.interval)};
+          },
+          [](const H2OConfig& c) {
+            return PolicyTraits{
+                "post-RoPE, every observed query (prefill and decode), accumulated",
+                "sum of softmax probabilities over the group's query heads", "none",
+                absl::StrFormat("head holds budget + interval = %d tokens", c.budget + c.interval)};
+          },
+          [](const TovaConfig& c) {
+            return PolicyTraits{
+                "post-RoPE, last query only", GqaReductionName(GqaReduction::kMeanProbs), "none",
+                absl::StrFormat("head holds budget + interval = %d tokens", c.budget + c.interval)};
+          },
+          [](const SnapKvConfig& c) {
+            return PolicyTraits{
+                absl::StrFormat("post-RoPE, last %d queries; mean over queries", c.window),
+                GqaReductionName(GqaReduction::kMaxLogits),
+                absl::StrFormat("%s kernel %d", PoolingName(c.pooling), c.pool_kernel),
+                absl::StrFormat("head holds budget + interval = %d tokens", c.budget + c.interval)};
+          },
+          [](const RkvConfig& c) {
+            return PolicyTraits{
+                absl::StrFormat("post-RoPE, last %d queries; mean over queries", c.window),
+                GqaReductionName(GqaReduction::kMaxLogits),
+                absl::StrFormat("maxpool kernel %d (importance only)", c.pool_kernel),
+                absl::StrFormat("head holds budget + interval = %d tokens", c.budget + c.interval)};
+          },
+          [](const RpcConfig& c) {
+            return PolicyTraits{
+                absl::StrFormat("post-RoPE, last %d queries; sum over queries", c.window),
+                "softmax per query head, then mean over ALL heads of the layer (one token set "
+                "per layer)",
+                absl::StrFormat("%s kernel %d", PoolingName(c.pooling), c.pool_kernel),
+                absl::StrFormat("layer holds prompt + kept + window + period (%d) tokens",
+                                c.period)};
+          },
+          [](const BeaconConfig& c) {
+            return PolicyTraits{
+                absl::StrFormat("post-RoPE last %d queries of every query head + %d beacons "
+                                "(pre-RoPE buffer, rotated to the current position); max; "
+                                "the first %d layer(s) keep an evenly spaced sample first",
+                                c.n_recent, c.n_beacons, c.coverage_layers),
+                GqaReductionName(GqaReduction::kMaxProbs),
+                c.pool_kernel > 1 ? absl::StrFormat("maxpool kernel %d", c.pool_kernel)
+                                  : std::string("none"),
+                c.budget_mode == BudgetMode::kUniform
+                    ? absl::StrFormat("head holds budget + interval = %d tokens",
+                                      c.budget + c.interval)
+                    : absl::StrFormat("layer holds (budget + interval) * num_kv_heads = %d "
+                                      "* num_kv_heads tokens",
+                                      c.budget + c.interval)};
+          },
+      },
+      config);
+}
+
+}  // namespace beaconkv
