@@ -181,6 +181,52 @@ class VllmKvCache {
     return out;
   }
 
+  // Compress for a step's sequences (seq_ids[i] at its newest position positions[i]): every
+  // sequence's keep-sets are computed on up to `num_threads` threads, one sequence at a time
+  // each (the pool is only read), then applied in the given order. The same decisions as
+  // Compress on each in turn: a sequence's policy sees only its own heads, and applying one
+  // sequence's keep-sets does not touch another's. Returns the summed counts.
+  py::dict CompressMany(const IntArray& seq_ids, const IntArray& positions, int num_threads) {
+    if (num_threads < 1) throw py::value_error("num_threads must be >= 1");
+    const int64_t n = seq_ids.size();
+    if (positions.size() != n) throw py::value_error("seq_ids and positions differ in size");
+    std::vector<PolicyState*> pols(n);
+    for (int64_t i = 0; i < n; ++i) {
+      auto it = policies_.find(seq_ids.at(i));
+      if (it == policies_.end()) {
+        throw py::value_error(absl::StrFormat("unknown sequence %d", seq_ids.at(i)));
+      }
+      pols[i] = it->second.get();
+    }
+    std::vector<SequenceId> ids(n);
+    std::vector<int32_t> pos(n);
+    for (int64_t i = 0; i < n; ++i) ids[i] = seq_ids.at(i), pos[i] = positions.at(i);
+    int64_t evicted = 0, freed = 0, compressions = 0;
+    Check(WithoutGil([&]() -> absl::Status {
+      std::vector<absl::StatusOr<std::vector<KeepSet>>> sets(n);
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (num_threads > 1 && n > 1)
+      for (int64_t i = 0; i < n; ++i) sets[i] = KeepSetsOf(ids[i], *pols[i], pos[i]);
+      for (int64_t i = 0; i < n; ++i) {
+        if (!sets[i].ok()) return sets[i].status();
+        if (sets[i]->empty()) continue;
+        BKV_ASSIGN_OR_RETURN(const CompactionPlan plan, manager_->ApplyKeepSets(ids[i], *sets[i]));
+        evicted += plan.tokens_evicted;
+        freed += plan.blocks_freed;
+        int32_t last_layer = -1;
+        for (const KeepSet& k : *sets[i]) {
+          compressions += k.layer != last_layer ? 1 : 0;
+          last_layer = k.layer;
+        }
+      }
+      return absl::OkStatus();
+    }));
+    py::dict out;
+    out["tokens_evicted"] = evicted;
+    out["blocks_freed"] = freed;
+    out["compressions"] = compressions;
+    return out;
+  }
+
   // One layer for a batch. Row r is sequence seq_ids[r] with query_lens[r] new tokens, whose
   // slots (the last query_lens[r] of every head) were allocated by Allocate.
   void Attention(int32_t layer, const IntArray& seq_ids, const IntArray& query_lens,
@@ -330,6 +376,32 @@ class VllmKvCache {
     return absl::OkStatus();
   }
 
+  // The keep-sets the sequence's policy chooses for every layer's heads at their trigger,
+  // layer by layer (nothing applied): reads the pool only.
+  absl::StatusOr<std::vector<KeepSet>> KeepSetsOf(SequenceId id, PolicyState& pol,
+                                                  int32_t current_position) const {
+    const KvShape& s = shape();
+    std::vector<KeepSet> out;
+    std::vector<int32_t> tokens(s.num_kv_heads);
+    std::vector<std::vector<float>> keys(s.num_kv_heads);
+    std::vector<std::vector<int32_t>> positions(s.num_kv_heads);
+    std::vector<HeadKeys> heads(s.num_kv_heads);
+    for (int32_t l = 0; l < s.num_layers; ++l) {
+      for (int32_t h = 0; h < s.num_kv_heads; ++h) {
+        BKV_ASSIGN_OR_RETURN(tokens[h], manager_->RetainedTokens(id, l, h));
+      }
+      const std::vector<int32_t> due = pol.DueHeads(l, tokens);
+      if (due.empty()) continue;
+      for (int32_t h = 0; h < s.num_kv_heads; ++h)
+        heads[h] = GatherKeys(id, l, h, &keys[h], &positions[h]);
+      BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> sets,
+                           pol.Compress(l, heads, due, current_position));
+      out.insert(out.end(), std::make_move_iterator(sets.begin()),
+                 std::make_move_iterator(sets.end()));
+    }
+    return out;
+  }
+
   HeadKeys GatherKeys(SequenceId id, int32_t layer, int32_t h, std::vector<float>* keys,
                       std::vector<int32_t>* positions) const {
     // Only called for a sequence the caller has just found in the manager.
@@ -460,6 +532,10 @@ void BindVllm(py::module_& m) {
       .def("read_head", &C::ReadHead, py::arg("seq_id"), py::arg("layer"), py::arg("kv_head"))
       .def("head_tokens", &C::HeadTokens, py::arg("seq_id"), "[num_layers, num_kv_heads]")
       .def("apply_keep_sets", &C::ApplyKeepSets, py::arg("seq_id"), py::arg("keep"))
+      .def("compress_many", &C::CompressMany, py::arg("seq_ids"), py::arg("positions"),
+           py::arg("num_threads") = 1,
+           "compress for several sequences (keep-sets chosen on up to num_threads threads, "
+           "applied in order); returns the summed counts.")
       .def("compress", &C::Compress, py::arg("seq_id"), py::arg("current_position"),
            py::arg("return_keep") = true,
            "The policy on the heads at their trigger; emptied blocks are freed at once. "

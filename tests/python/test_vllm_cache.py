@@ -160,3 +160,49 @@ def test_peak_blocks_bound_what_a_head_holds_and_reservations_count_the_rest():
         cache.reserve(5, 10)
     cache.free(1)
     assert cache.outstanding_blocks == 0
+
+
+def test_compress_many_decides_as_compress_one_by_one():
+    rng = np.random.default_rng(21)
+    cfg = beaconkv.policy_config("beacon", budget=8, interval=4, n_recent=2, n_sinks=1,
+                                 n_beacons=2, buffer_min=4, buffer_max=8)
+    caches = [beaconkv.VllmKvCache(L, HKV, H, D, 4, 400, policy=cfg, rope_theta=1e4,
+                                   observe=True) for _ in range(2)]
+    ids, prompts = [4, 9, 2, 30], [3, 7, 1, 12]
+    for c in caches:
+        for s, p in zip(ids, prompts):
+            assert c.allocate(s, p, p)
+    evicted = [0, 0]
+    for step in range(25):
+        lens = prompts if step == 0 else [1] * len(ids)
+        if step:
+            for c in caches:
+                for s in ids:
+                    assert c.allocate(s, 1, prompts[ids.index(s)])
+        t = sum(lens)
+        for layer in range(L):
+            q = rng.standard_normal((t, H, D)).astype(np.float32)
+            k = rng.standard_normal((t, HKV, D)).astype(np.float32)
+            v = rng.standard_normal((t, HKV, D)).astype(np.float32)
+            for c in caches:
+                c.attention(layer, np.array(ids, np.int32), np.array(lens, np.int32), q, k, v,
+                            np.zeros((t, H, D), np.float32), 0.35)
+        if step:
+            pos = [p + step - 1 for p in prompts]
+            for s, p in zip(ids, pos):
+                evicted[0] += caches[0].compress(s, p)["tokens_evicted"]
+            evicted[1] += caches[1].compress_many(np.array(ids, np.int32),
+                                                  np.array(pos, np.int32), 2)["tokens_evicted"]
+        for s in ids:
+            np.testing.assert_array_equal(caches[0].head_tokens(s), caches[1].head_tokens(s))
+            for layer in range(L):
+                for h in range(HKV):
+                    a, b = caches[0].read_head(s, layer, h), caches[1].read_head(s, layer, h)
+                    for x, y in zip(a, b):
+                        np.testing.assert_array_equal(x, y)
+        caches[1].verify_integrity()
+    assert evicted[0] == evicted[1] > 0
+    with pytest.raises(ValueError, match="unknown sequence 77"):
+        caches[1].compress_many(np.array([4, 77], np.int32), np.array([30, 30], np.int32), 2)
+    with pytest.raises(ValueError, match="differ in size"):
+        caches[1].compress_many(np.array([4], np.int32), np.array([30, 30], np.int32), 1)

@@ -199,6 +199,7 @@ class Scheduler(_VllmScheduler):
         if self.beacon_enabled and not self.beacon_multiprocess:
             mgr = self.kv_cache_manager
             # Decode steps only (as the reference engine), after finished requests were freed.
+            seqs, positions = [], []
             for req_id, n in scheduler_output.num_scheduled_tokens.items():
                 seq = mgr.seq_id(req_id)
                 req = self.requests.get(req_id)
@@ -206,5 +207,7 @@ class Scheduler(_VllmScheduler):
                     continue
                 if req.num_computed_tokens <= req.num_prompt_tokens:
                     continue
-                self.beacon_state.compress(seq, req.num_computed_tokens - 1, keep_sets=False)
+                seqs.append(seq)
+                positions.append(req.num_computed_tokens - 1)
+            self.beacon_state.compress_many(seqs, positions)
         return out

@@ -32,11 +32,13 @@ class BeaconState:
         import beaconkv
 
         self.cfg = cfg
-        # Threads of the decode attention: BEACONKV_VLLM_THREADS (default 1). A 2-thread run
-        # was not clearly faster on our 2-core machines, where vLLM's own threads share the
-        # cores (docs/vllm.md).
+        # Threads of the decode attention and of the policies' compression:
+        # BEACONKV_VLLM_THREADS, default the CPUs this process may run on, at most 4 (the
+        # work per step is small). vLLM's CPU worker serves with fewer torch threads than
+        # cores, and our phases run between its forward passes, so on our 2-core machines
+        # two threads were 1.1-1.2x one (docs/vllm.md).
         threads = os.environ.get("BEACONKV_VLLM_THREADS")
-        self.threads = int(threads) if threads else 1
+        self.threads = int(threads) if threads else max(1, min(4, len(os.sched_getaffinity(0))))
         if self.threads < 1:
             raise ValueError(f"BEACONKV_VLLM_THREADS must be >= 1, got {threads}")
         self.num_layers, self.num_kv_heads, self.num_heads, self.head_dim = geometry
@@ -96,6 +98,15 @@ class BeaconState:
         out = self.cache.compress(seq_id, current_position, return_keep=keep_sets)
         self._count(out)
         return [(int(l), int(h), [int(x) for x in slots]) for l, h, slots in out["keep"]]
+
+    def compress_many(self, seq_ids: list[int], positions: list[int]) -> None:
+        """compress() for a step's sequences at once (no keep-sets returned): the policies
+        choose on up to BEACONKV_VLLM_THREADS threads, the pool applies in order."""
+        if not self.observes or not seq_ids:
+            return
+        out = self.cache.compress_many(np.asarray(seq_ids, np.int32),
+                                       np.asarray(positions, np.int32), self.threads)
+        self._count(out)
 
     def apply_keep_sets(self, seq_id: int, sets: list) -> None:
         """Applies keep-sets computed elsewhere (the worker's policies)."""
