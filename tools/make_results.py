@@ -29,8 +29,16 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 BEGIN = "<!-- results-table:begin (tools/make_results.py) -->"
 END = "<!-- results-table:end -->"
-ORDER = ["full", "streaming", "h2o", "tova", "snapkv", "snapkv-pooled", "rkv", "rpc", "beacon",
-         "beacon-pooled"]
+
+
+def policy_order() -> list[str]:
+    """Row order: the core's registry order, each policy followed by its pooled variant."""
+    import beaconkv
+
+    order = []
+    for spec in beaconkv.policy_specs():
+        order += [spec.name, f"{spec.name}-pooled"]
+    return order
 
 
 def load_results(results_dir: str) -> dict:
@@ -50,7 +58,8 @@ def load_results(results_dir: str) -> dict:
 
 def sort_key(key: tuple) -> tuple:
     variant, budget = key
-    rank = ORDER.index(variant) if variant in ORDER else len(ORDER)
+    order = policy_order()
+    rank = order.index(variant) if variant in order else len(order)
     return rank, variant, -1 if budget is None else budget
 
 

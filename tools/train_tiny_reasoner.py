@@ -311,17 +311,19 @@ def evaluate_split(model_dir: str, split: str) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="models/tiny-reasoner")
-    p.add_argument("--run-dir", default="runs/tiny-reasoner")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--ffn", type=int, default=384)
-    p.add_argument("--rope-theta", type=float, default=100000.0)
-    p.add_argument("--width", type=int, default=task.Difficulty().width)
+    p.add_argument("--out", default="models/tiny-reasoner", help="model directory to write")
+    p.add_argument("--run-dir", default="runs/tiny-reasoner",
+                   help="checkpoints and logs of the run")
+    p.add_argument("--seed", type=int, default=1, help="initialisation and data seed")
+    p.add_argument("--resume", action="store_true", help="continue from the run directory")
+    p.add_argument("--layers", type=int, default=4, help="decoder layers")
+    p.add_argument("--hidden", type=int, default=128, help="hidden size")
+    p.add_argument("--heads", type=int, default=4, help="query heads")
+    p.add_argument("--kv-heads", type=int, default=2, help="key/value heads (GQA)")
+    p.add_argument("--ffn", type=int, default=384, help="MLP intermediate size")
+    p.add_argument("--rope-theta", type=float, default=100000.0, help="RoPE base")
+    p.add_argument("--width", type=int, default=task.Difficulty().width,
+                   help="task difficulty: values per register")
     p.add_argument("--max-steps", type=int, default=23, help="longest training problem")
     p.add_argument("--gate", type=float, default=0.95,
                    help="curriculum: train on 1-4 step problems until the plan copies (P) and "
@@ -339,20 +341,22 @@ def main() -> int:
     p.add_argument("--at", action="append", default=[], metavar="STEP:KEY=VALUE[,KEY=VALUE]",
                    help="change numeric options from STEP on (replays a run whose options "
                         "were changed on resume), e.g. --at 2951:total_tokens=30e6")
-    p.add_argument("--batch-tokens", type=int, default=2048)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--min-lr-frac", type=float, default=0.05)
-    p.add_argument("--warmup-steps", type=int, default=100)
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--batch-tokens", type=int, default=2048, help="tokens per optimiser step")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    p.add_argument("--min-lr-frac", type=float, default=0.05,
+                   help="final learning rate as a fraction of the peak (cosine)")
+    p.add_argument("--warmup-steps", type=int, default=100, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     p.add_argument("--total-tokens", type=float, default=35e6, help="length of the LR schedule")
     p.add_argument("--deadline", default="", help="UTC HH:MM: save and stop at this time")
     p.add_argument("--stop-step", type=int, default=0,
                    help="save and stop after this optimizer step (reproduces a run that was "
                         "stopped by --deadline; its step is in config.json)")
-    p.add_argument("--save-every-min", type=float, default=10.0)
+    p.add_argument("--save-every-min", type=float, default=10.0,
+                   help="minutes between checkpoints")
     p.add_argument("--eval-every", type=int, default=200,
                    help="steps between quick evals (they also open the curriculum gate)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch compute threads")
     p.add_argument("--eval-split", default="",
                    help="only evaluate the checkpoint in --out on this split file and exit")
     args = p.parse_args()

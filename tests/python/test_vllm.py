@@ -247,6 +247,9 @@ def test_unknown_policy_or_knob_fails_at_engine_start(monkeypatch):
         config.parse(json.dumps({"policy": "beacon", "budget": 64, "knobs": ["n_beaconz=3"]}))
     with pytest.raises(ValueError, match="unknown key"):
         config.parse(json.dumps({"policy": "beacon", "budgets": 64}))
+    with pytest.raises(ValueError, match="admission must be one of"):
+        config.parse(json.dumps({"policy": "beacon", "budget": 64, "admission": "greedy"}))
+    assert config.parse(json.dumps({"policy": "beacon", "budget": 64})).admission == "reserve"
     monkeypatch.setenv("BEACONKV_VLLM_CONFIG", json.dumps({"policy": "nosuch"}))
     with pytest.raises(ValueError, match="nosuch"):
         _scheduler("ours", 400)
