@@ -30,6 +30,13 @@ PreemptionMode ParsePreemption(const std::string& s) {
   throw py::value_error(absl::StrFormat("preemption must be 'recompute' or 'swap', got '%s'", s));
 }
 
+AdmissionMode ParseAdmission(const std::string& s) {
+  if (s == "optimistic") return AdmissionMode::kOptimistic;
+  if (s == "reserve") return AdmissionMode::kReserve;
+  throw py::value_error(
+      absl::StrFormat("admission must be 'optimistic' or 'reserve', got '%s'", s));
+}
+
 // (evicted_at [layers, kv_heads, positions] int64, first eviction step): NEVER_EVICTED where
 // none.
 py::tuple EvictionsToPython(const EvictionRecord& r) {
@@ -75,7 +82,7 @@ void BindEngine(py::module_& m) {
                        int32_t num_blocks, int32_t num_host_blocks, int32_t max_batch,
                        int32_t watermark_blocks, const std::string& preemption, int32_t num_threads,
                        int32_t max_model_len, bool verify_integrity, bool batch_invariant,
-                       bool allow_nonfinite) {
+                       bool allow_nonfinite, const std::string& admission) {
              EngineConfig c;
              c.policy = PolicyConfigFromPython(policy);
              c.block_size = block_size;
@@ -84,6 +91,7 @@ void BindEngine(py::module_& m) {
              c.max_batch = max_batch;
              c.watermark_blocks = watermark_blocks;
              c.preemption = ParsePreemption(preemption);
+             c.admission = ParseAdmission(admission);
              c.num_threads = num_threads;
              c.max_model_len = max_model_len;
              c.verify_integrity = verify_integrity;
@@ -96,7 +104,7 @@ void BindEngine(py::module_& m) {
            py::arg("watermark_blocks") = 0, py::arg("preemption") = "recompute",
            py::arg("num_threads") = 2, py::arg("max_model_len") = 0,
            py::arg("verify_integrity") = false, py::arg("batch_invariant") = true,
-           py::arg("allow_nonfinite") = false)
+           py::arg("allow_nonfinite") = false, py::arg("admission") = "optimistic")
       .def(
           "add_request",
           [](Engine& e, int64_t id, std::vector<int32_t> prompt, int32_t max_new_tokens,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -227,6 +228,28 @@ HeadKeys Engine::GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vec
   return HeadKeys{keys->data(), positions->data(), n};
 }
 
+int32_t Engine::PeakBlocks(const SeqState& s, int64_t prefill_len) const {
+  const std::optional<int64_t> peak =
+      PeakHeadTokens(s.policy_config, static_cast<int32_t>(prefill_len));
+  if (!peak) return -1;
+  const int64_t end =
+      static_cast<int64_t>(s.request.prompt.size()) + s.request.sampling.max_new_tokens;
+  return PromptBlocks(std::min(*peak, std::max(end, prefill_len)));
+}
+
+int64_t Engine::OutstandingBlocks() const {
+  int64_t out = 0;
+  for (int64_t id : running_) {
+    const SeqState& s = *seqs_.at(id);
+    if (s.peak_blocks >= 0) {
+      out += std::max<int64_t>(0, s.peak_blocks - BKV_CHECK_VALUE(bm_->NumBlocksOf(id)));
+    }
+  }
+  // A swapped sequence holds no device blocks: it needs its whole peak to come back.
+  for (int64_t id : swapped_) out += std::max(0, seqs_.at(id)->peak_blocks);
+  return out;
+}
+
 absl::Status Engine::Admit(SeqState& s) {
   std::vector<int32_t> tokens = s.request.prompt;
   const bool resumed = !s.out.output.empty();  // recompute after preemption
@@ -399,7 +422,16 @@ absl::Status Engine::StepLocked(std::vector<RequestOutput>* finished) {
     // Alone (nothing running or swapped), it only needs its prompt's blocks.
     const int32_t first_append = len % bm_->shape().block_size == 0 ? PromptBlocks(1) : 0;
     const bool alone = running_.empty();
-    const int32_t need = PromptBlocks(len) + (alone ? 0 : first_append + config_.watermark_blocks);
+    int64_t need = PromptBlocks(len) + (alone ? 0 : first_append + config_.watermark_blocks);
+    s.peak_blocks = -1;
+    if (config_.admission == AdmissionMode::kReserve && !alone) {
+      // Room for this request's peak beside what the admitted ones may still take.
+      const int32_t peak = PeakBlocks(s, len);
+      need = std::max<int64_t>(need, peak) + OutstandingBlocks();
+      s.peak_blocks = peak;
+    } else if (config_.admission == AdmissionMode::kReserve) {
+      s.peak_blocks = PeakBlocks(s, len);
+    }
     if (need > bm_->NumFreeBlocks()) {
       if (alone) {
         // A preempted sequence grew past what the whole pool holds: it can never resume.

@@ -78,6 +78,7 @@ class Engine {
     RequestOutput out;
     int32_t pending = -1;                  // last output token, its K/V not yet in the cache
     bool in_cache = false;                 // holds blocks (running or swapped)
+    int32_t peak_blocks = -1;              // reserved peak (kReserve, bounded policy); -1: none
     std::vector<EvictionEvent> evictions;  // [tokens evicted] when request.record_evictions
   };
 
@@ -108,6 +109,11 @@ class Engine {
   bool Accept(SeqState& s, absl::Span<const float> logits);
   void Finish(int64_t id, std::vector<RequestOutput>* finished);
   int32_t PromptBlocks(int64_t tokens) const;
+  // Most device blocks `s` holds once prefilled with `prefill_len` tokens (the policy's
+  // PeakHeadTokens, capped by the request's end in every head); -1 when unbounded.
+  int32_t PeakBlocks(const SeqState& s, int64_t prefill_len) const;
+  // Blocks the reserved running and swapped sequences may still take on the device.
+  int64_t OutstandingBlocks() const;
   void UpdateMemoryStats();
   // Folds `s`'s current blocks and retained tokens into its peak statistics.
   void UpdatePeak(SeqState& s);

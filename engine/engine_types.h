@@ -14,6 +14,12 @@ namespace beaconkv {
 
 enum class PreemptionMode { kRecompute, kSwap };
 
+// kOptimistic: admit a request when its prompt fits now (vLLM's rule), preempt when the pool
+// runs short. kReserve: when the policy bounds every head (PeakHeadTokens), admit a request
+// only when its peak fits beside what the admitted sequences may still grow into, so such
+// policies never preempt; unbounded policies (full, pooled, rpc) stay optimistic.
+enum class AdmissionMode { kOptimistic, kReserve };
+
 struct EngineConfig {
   int32_t block_size = 16;
   // Device pool size counting the null block. 0: room for max_batch sequences of
@@ -23,6 +29,7 @@ struct EngineConfig {
   int32_t max_batch = 32;        // most sequences running at once
   int32_t watermark_blocks = 0;  // free blocks an admission must leave
   PreemptionMode preemption = PreemptionMode::kRecompute;
+  AdmissionMode admission = AdmissionMode::kOptimistic;
   PolicyConfig policy = FullConfig{};
   int32_t num_threads = 2;
   // Every Linear as fixed-order dot products: a sequence's tokens do not depend on what it is

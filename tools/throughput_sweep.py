@@ -39,7 +39,8 @@ def run(args) -> None:
         cfg = ThroughputConfig(model=args.model, num_prompts=args.num_prompts,
                                kv_blocks=args.kv_blocks, policy=policy, budget=budget,
                                knobs=knobs, dataset="reasoning", seed=args.seed,
-                               preemption=args.preemption, num_threads=args.num_threads)
+                               preemption=args.preemption, admission=args.admission,
+                               num_threads=args.num_threads)
         print(f"== {label_of(policy, budget)}", file=sys.stderr, flush=True)
         r = run_throughput(cfg, progress=sys.stderr)
         r["date"] = datetime.date.today().isoformat()
@@ -127,6 +128,9 @@ def main() -> int:
                     help="comma-separated policy specs (full always runs as the baseline)")
     ap.add_argument("--preemption", choices=["recompute", "swap"], default="swap",
                     help="what a preempted sequence does: recompute or swap (to host memory)")
+    ap.add_argument("--admission", choices=["reserve", "optimistic"], default="reserve",
+                    help="reserve: admit a request only when its peak KV under the policy "
+                         "fits; optimistic: when its prompt fits now")
     ap.add_argument("--num-threads", type=int, default=1, help="compute threads")
     ap.add_argument("--seed", type=int, default=0, help="dataset seed")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "throughput"),

@@ -44,6 +44,9 @@ class ThroughputConfig:
     output_len: int = 256
     random_range_ratio: float = 0.0
     preemption: str = "recompute"
+    # reserve: a request is admitted only when its peak under a bounded policy fits (no
+    # preemption); optimistic: vLLM's rule (its prompt fits now).
+    admission: str = "reserve"
     seed: int = 0
     block_size: int = 16
     max_batch: int = 256
@@ -65,6 +68,9 @@ class ThroughputConfig:
                              f"{self.random_range_ratio}")
         if self.dataset not in ("reasoning", "random"):
             raise ValueError(f"--dataset must be 'reasoning' or 'random', got {self.dataset!r}")
+        if self.admission not in ("reserve", "optimistic"):
+            raise ValueError(f"--admission must be 'reserve' or 'optimistic', got "
+                             f"{self.admission!r}")
         if self.preemption not in ("recompute", "swap"):
             raise ValueError(f"--preemption must be 'recompute' or 'swap', got "
                              f"{self.preemption!r}")
@@ -105,7 +111,8 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
     requests = make_requests(cfg, tok)
     engine = beaconkv.Engine(cfg.model, policy=policy, block_size=cfg.block_size,
                              num_blocks=cfg.kv_blocks, max_batch=cfg.max_batch,
-                             preemption=cfg.preemption, num_threads=cfg.num_threads,
+                             preemption=cfg.preemption, admission=cfg.admission,
+                             num_threads=cfg.num_threads,
                              batch_invariant=cfg.batch_invariant)
     # add_request refuses a prompt the pool can never hold: the error comes before any work.
     # What outgrows the pool later ends as out_of_memory, counted in the report.
@@ -168,6 +175,7 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
         "batch_invariant": cfg.batch_invariant,
         "num_threads": cfg.num_threads,
         "preemption_mode": cfg.preemption,
+        "admission": cfg.admission,
         "max_running_batch": stats["peak_running"],
         "mean_running_batch": stats["mean_running"],
         # The first steps admit every short prompt at once, so the max says little about the
@@ -244,6 +252,10 @@ def add_bench_parser(sub, default_model: str) -> None:
     t.add_argument("--preemption", choices=["recompute", "swap"], default=d.preemption,
                    help="what a preempted sequence does: recompute (re-prefill later) or swap "
                         "(to host memory and back)")
+    t.add_argument("--admission", choices=["reserve", "optimistic"], default=d.admission,
+                   help="reserve: admit a request only when its peak KV under the policy fits "
+                        "(no preemption for policies that bound every head); optimistic: "
+                        "vLLM's rule (its prompt fits now), preempting when the pool runs out")
     t.add_argument("--seed", type=int_arg(0), default=d.seed, help="dataset seed")
     t.add_argument("--block-size", type=int_arg(1), default=d.block_size,
                    help="token slots per KV block (one block: one head of one sequence)")
@@ -263,7 +275,8 @@ def _cmd_bench_throughput(args) -> int:
         model=args.model, num_prompts=args.num_prompts, kv_blocks=args.kv_blocks,
         policy=args.policy, budget=args.budget, knobs=args.knob or [],
         dataset=args.dataset, input_len=args.input_len, output_len=args.output_len,
-        random_range_ratio=args.random_range_ratio, preemption=args.preemption, seed=args.seed,
+        random_range_ratio=args.random_range_ratio, preemption=args.preemption,
+        admission=args.admission, seed=args.seed,
         block_size=args.block_size, max_batch=args.max_batch, num_threads=args.num_threads,
         batch_invariant=args.batch_invariant)
     result = run_throughput(cfg, progress=sys.stderr)

@@ -68,7 +68,7 @@ def test_eviction_turns_freed_blocks_into_a_larger_batch():
     # 200 output tokens: a full sequence ends with 14 blocks per head (112 in all); the pool
     # holds two of them. streaming at budget 32 + interval 16 holds 3 blocks per head.
     common = dict(num_prompts=12, output_len=200, kv_blocks=1 + 2 * 14 * HEADS + HEADS,
-                  preemption="swap")
+                  preemption="swap", admission="optimistic")
     full = run_throughput(random_cfg(**common))
     evict = run_throughput(random_cfg(policy="streaming", budget=32, knobs={"interval": 16},
                                       **common))
@@ -82,6 +82,14 @@ def test_eviction_turns_freed_blocks_into_a_larger_batch():
     per_seq = {k: r["mean_used_blocks"] / r["mean_running_batch"] for k, r in
                (("full", full), ("evict", evict))}
     assert 0 < per_seq["evict"] <= 3 * HEADS + HEADS < per_seq["full"]
+    # Reservation admission: as many sequences at once as fit at their peak (3 blocks per
+    # head: 232 // 24 = 9), none preempted, the same work done.
+    reserved = run_throughput(random_cfg(policy="streaming", budget=32, knobs={"interval": 16},
+                                         **{**common, "admission": "reserve"}))
+    assert reserved["preemptions"] == {"recompute": 0, "swap": 0}
+    assert reserved["max_running_batch"] == (common["kv_blocks"] - 1) // (3 * HEADS)
+    assert reserved["total_output_tokens"] == 12 * 200 and reserved["out_of_memory"] == 0
+    assert evict["preemptions"]["swap"] > 0
 
 
 def test_a_pool_too_small_for_a_prompt_fails_before_any_work():
@@ -102,6 +110,7 @@ def test_a_request_that_outgrows_the_pool_is_counted_out_of_memory():
     ("random_range_ratio", 1.0, "--random-range-ratio"),
     ("budget", 0, "--budget must be >= 1"),
     ("dataset", "sharegpt", "--dataset"),
+    ("admission", "greedy", "--admission must be 'reserve' or 'optimistic'"),
 ])
 def test_bad_configuration_names_the_option(field, value, message):
     with pytest.raises(ValueError, match=re.escape(message)):
