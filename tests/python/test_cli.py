@@ -94,7 +94,7 @@ def test_held_out_splits_load_by_name_and_are_new_problems():
     from beaconkv.evaluate import load_problems
 
     seen = {p["prompt"] for split in ("dev", "test") for p in load_problems(MODEL, split)}
-    for seed in (31337, 47711):
+    for seed in (31337, 47711, 90210):
         held = load_problems(MODEL, f"heldout-{seed}")
         assert len(held) == 200 and all(p["id"].startswith(f"{seed}-") for p in held)
         assert not seen & {p["prompt"] for p in held}
