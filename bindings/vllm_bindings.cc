@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "bindings/array_check.h"
 #include "bindings/status_cast.h"
@@ -191,7 +192,11 @@ class VllmKvCache {
     const int64_t n = seq_ids.size();
     if (positions.size() != n) throw py::value_error("seq_ids and positions differ in size");
     std::vector<PolicyState*> pols(n);
+    absl::flat_hash_set<SequenceId> seen;
     for (int64_t i = 0; i < n; ++i) {
+      if (!seen.insert(seq_ids.at(i)).second) {
+        throw py::value_error(absl::StrFormat("sequence %d appears twice", seq_ids.at(i)));
+      }
       auto it = policies_.find(seq_ids.at(i));
       if (it == policies_.end()) {
         throw py::value_error(absl::StrFormat("unknown sequence %d", seq_ids.at(i)));

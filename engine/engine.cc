@@ -232,8 +232,11 @@ int32_t Engine::PeakBlocks(const SeqState& s, int64_t prefill_len) const {
   const std::optional<int64_t> peak =
       PeakHeadTokens(s.policy_config, static_cast<int32_t>(prefill_len));
   if (!peak) return -1;
+  // A teacher-forced request ends after its forced tokens, whatever max_new_tokens says.
   const int64_t end =
-      static_cast<int64_t>(s.request.prompt.size()) + s.request.sampling.max_new_tokens;
+      static_cast<int64_t>(s.request.prompt.size()) +
+      (s.request.forced_output.empty() ? s.request.sampling.max_new_tokens
+                                       : static_cast<int64_t>(s.request.forced_output.size()));
   return PromptBlocks(std::min(*peak, std::max(end, prefill_len)));
 }
 
@@ -427,7 +430,8 @@ absl::Status Engine::StepLocked(std::vector<RequestOutput>* finished) {
     if (config_.admission == AdmissionMode::kReserve && !alone) {
       // Room for this request's peak beside what the admitted ones may still take.
       const int32_t peak = PeakBlocks(s, len);
-      need = std::max<int64_t>(need, peak) + OutstandingBlocks();
+      need = std::max<int64_t>(PromptBlocks(len) + first_append, peak) + config_.watermark_blocks +
+             OutstandingBlocks();
       s.peak_blocks = peak;
     } else if (config_.admission == AdmissionMode::kReserve) {
       s.peak_blocks = PeakBlocks(s, len);

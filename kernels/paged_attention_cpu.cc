@@ -91,6 +91,7 @@ __attribute__((target("avx2,fma"))) void QkAvx2(const float* qg, int32_t group, 
 QkFn PickQk(int64_t d) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
+  if (d <= 0) return QkPortable;
   if (d % 16 == 0 && __builtin_cpu_supports("avx512f")) return QkAvx512;
   if (d % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     return QkAvx2;

@@ -204,5 +204,7 @@ def test_compress_many_decides_as_compress_one_by_one():
     assert evicted[0] == evicted[1] > 0
     with pytest.raises(ValueError, match="unknown sequence 77"):
         caches[1].compress_many(np.array([4, 77], np.int32), np.array([30, 30], np.int32), 2)
+    with pytest.raises(ValueError, match="sequence 4 appears twice"):
+        caches[1].compress_many(np.array([4, 4], np.int32), np.array([30, 30], np.int32), 2)
     with pytest.raises(ValueError, match="differ in size"):
         caches[1].compress_many(np.array([4], np.int32), np.array([30, 30], np.int32), 1)

@@ -38,7 +38,9 @@ class BeaconState:
         # cores, and our phases run between its forward passes, so on our 2-core machines
         # two threads were 1.1-1.2x one (docs/vllm.md).
         threads = os.environ.get("BEACONKV_VLLM_THREADS")
-        self.threads = int(threads) if threads else max(1, min(4, len(os.sched_getaffinity(0))))
+        cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                else os.cpu_count() or 1)
+        self.threads = int(threads) if threads else max(1, min(4, cpus))
         if self.threads < 1:
             raise ValueError(f"BEACONKV_VLLM_THREADS must be >= 1, got {threads}")
         self.num_layers, self.num_kv_heads, self.num_heads, self.head_dim = geometry
@@ -77,6 +79,8 @@ class BeaconState:
         if peak is None:
             return None if need + c.outstanding_blocks <= c.num_free_blocks else False
         peak = max(peak, need)
+        if c.num_used_blocks == 0:  # alone, it only needs room for now (as the engine does)
+            return peak if need <= c.num_free_blocks else False
         return peak if peak + c.outstanding_blocks <= c.num_free_blocks else False
 
     def allocate(self, seq_id: int, num_tokens: int, prompt_len: int) -> bool:
