@@ -142,32 +142,15 @@ class VllmKvCache {
     auto it = policies_.find(id);
     if (it == policies_.end()) throw py::value_error(absl::StrFormat("unknown sequence %d", id));
     PolicyState& pol = *it->second;
-    const KvShape& s = shape();
     int64_t evicted = 0, freed = 0, compressions = 0;
-    std::vector<KeepSet> applied;  // every keep-set, in the order applied
+    std::vector<KeepSet> applied;  // every keep-set, layer by layer
     Check(WithoutGil([&]() -> absl::Status {
-      std::vector<int32_t> tokens(s.num_kv_heads);
-      std::vector<std::vector<float>> keys(s.num_kv_heads);
-      std::vector<std::vector<int32_t>> positions(s.num_kv_heads);
-      std::vector<HeadKeys> heads(s.num_kv_heads);
-      for (int32_t l = 0; l < s.num_layers; ++l) {
-        for (int32_t h = 0; h < s.num_kv_heads; ++h) {
-          BKV_ASSIGN_OR_RETURN(tokens[h], manager_->RetainedTokens(id, l, h));
-        }
-        const std::vector<int32_t> due = pol.DueHeads(l, tokens);
-        if (due.empty()) continue;
-        for (int32_t h = 0; h < s.num_kv_heads; ++h)
-          heads[h] = GatherKeys(id, l, h, &keys[h], &positions[h]);
-        absl::StatusOr<std::vector<KeepSet>> sets = pol.Compress(l, heads, due, current_position);
-        if (!sets.ok()) return sets.status();
-        absl::StatusOr<CompactionPlan> plan = manager_->ApplyKeepSets(id, *sets);
-        if (!plan.ok()) return plan.status();
-        applied.insert(applied.end(), std::make_move_iterator(sets->begin()),
-                       std::make_move_iterator(sets->end()));
-        evicted += plan->tokens_evicted;
-        freed += plan->blocks_freed;
-        ++compressions;
-      }
+      BKV_ASSIGN_OR_RETURN(applied, KeepSetsOf(id, pol, current_position));
+      if (applied.empty()) return absl::OkStatus();
+      BKV_ASSIGN_OR_RETURN(const CompactionPlan plan, manager_->ApplyKeepSets(id, applied));
+      evicted = plan.tokens_evicted;
+      freed = plan.blocks_freed;
+      compressions = CountLayers(applied);
       return absl::OkStatus();
     }));
     py::dict out;
@@ -217,11 +200,7 @@ class VllmKvCache {
         BKV_ASSIGN_OR_RETURN(const CompactionPlan plan, manager_->ApplyKeepSets(ids[i], *sets[i]));
         evicted += plan.tokens_evicted;
         freed += plan.blocks_freed;
-        int32_t last_layer = -1;
-        for (const KeepSet& k : *sets[i]) {
-          compressions += k.layer != last_layer ? 1 : 0;
-          last_layer = k.layer;
-        }
+        compressions += CountLayers(*sets[i]);
       }
       return absl::OkStatus();
     }));
@@ -379,6 +358,17 @@ class VllmKvCache {
       t0 += n;
     }
     return absl::OkStatus();
+  }
+
+  // Compression events: the layers the keep-sets (grouped by layer) touch.
+  static int64_t CountLayers(const std::vector<KeepSet>& sets) {
+    int64_t layers = 0;
+    int32_t last = -1;
+    for (const KeepSet& k : sets) {
+      layers += k.layer != last ? 1 : 0;
+      last = k.layer;
+    }
+    return layers;
   }
 
   // The keep-sets the sequence's policy chooses for every layer's heads at their trigger,
