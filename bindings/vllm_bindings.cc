@@ -138,7 +138,7 @@ class VllmKvCache {
   // Runs the sequence's policy on every layer's heads at their trigger (as the reference
   // engine does after a decode step) and frees emptied blocks at once.
   // Returns {tokens_evicted, blocks_freed, compressions, keep: [(layer, kv_head, slots)]}.
-  py::dict Compress(SequenceId id, int32_t current_position, bool return_keep) {
+  py::dict Compress(SequenceId id, int32_t current_position) {
     auto it = policies_.find(id);
     if (it == policies_.end()) throw py::value_error(absl::StrFormat("unknown sequence %d", id));
     PolicyState& pol = *it->second;
@@ -158,9 +158,7 @@ class VllmKvCache {
     out["blocks_freed"] = freed;
     out["compressions"] = compressions;
     py::list keep;  // [(layer, kv_head, kept slots)], for a replica pool
-    if (return_keep) {
-      for (const KeepSet& k : applied) keep.append(py::make_tuple(k.layer, k.kv_head, k.slots));
-    }
+    for (const KeepSet& k : applied) keep.append(py::make_tuple(k.layer, k.kv_head, k.slots));
     out["keep"] = keep;
     return out;
   }
@@ -532,9 +530,7 @@ void BindVllm(py::module_& m) {
            "compress for several sequences (keep-sets chosen on up to num_threads threads, "
            "applied in order); returns the summed counts.")
       .def("compress", &C::Compress, py::arg("seq_id"), py::arg("current_position"),
-           py::arg("return_keep") = true,
-           "The policy on the heads at their trigger; emptied blocks are freed at once. "
-           "return_keep=False leaves out the keep-sets (nobody replicates this pool).")
+           "The policy on the heads at their trigger; emptied blocks are freed at once.")
       .def_property_readonly("num_free_blocks", [](C& c) { return c.manager().NumFreeBlocks(); })
       .def_property_readonly("num_used_blocks", [](C& c) { return c.manager().NumUsedBlocks(); })
       .def_property_readonly("num_usable_blocks",

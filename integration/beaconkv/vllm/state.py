@@ -93,13 +93,13 @@ class BeaconState:
     def free(self, seq_id: int) -> None:
         self.cache.free(seq_id)
 
-    def compress(self, seq_id: int, current_position: int, keep_sets: bool = True) -> list:
+    def compress(self, seq_id: int, current_position: int) -> list:
         """Runs the sequence's policy on the heads at their trigger; frees blocks at once.
-        Returns the keep-sets applied, [(layer, kv_head, slots)] (empty with keep_sets=False:
-        a single-process pool has no replica to tell)."""
+        Returns the keep-sets applied, [(layer, kv_head, slots)], for the scheduler's replica
+        (multi-process; in one process compress_many runs instead)."""
         if not self.observes:
             return []
-        out = self.cache.compress(seq_id, current_position, return_keep=keep_sets)
+        out = self.cache.compress(seq_id, current_position)
         self._count(out)
         return [(int(l), int(h), [int(x) for x in slots]) for l, h, slots in out["keep"]]
 
