@@ -167,8 +167,11 @@ class VllmKvCache {
   // sequence's keep-sets are computed on up to `num_threads` threads, one sequence at a time
   // each (the pool is only read), then applied in the given order. The same decisions as
   // Compress on each in turn: a sequence's policy sees only its own heads, and applying one
-  // sequence's keep-sets does not touch another's. Returns the summed counts.
-  py::dict CompressMany(const IntArray& seq_ids, const IntArray& positions, int num_threads) {
+  // sequence's keep-sets does not touch another's. Returns the summed counts, and with
+  // return_keep the applied keep-sets, keep: [(seq, [(layer, kv_head, slots)])] (for the
+  // scheduler's replica pool when the scheduler runs in another process).
+  py::dict CompressMany(const IntArray& seq_ids, const IntArray& positions, int num_threads,
+                        bool return_keep) {
     if (num_threads < 1) throw py::value_error("num_threads must be >= 1");
     const int64_t n = seq_ids.size();
     if (positions.size() != n) throw py::value_error("seq_ids and positions differ in size");
@@ -188,8 +191,8 @@ class VllmKvCache {
     std::vector<int32_t> pos(n);
     for (int64_t i = 0; i < n; ++i) ids[i] = seq_ids.at(i), pos[i] = positions.at(i);
     int64_t evicted = 0, freed = 0, compressions = 0;
+    std::vector<absl::StatusOr<std::vector<KeepSet>>> sets(n);
     Check(WithoutGil([&]() -> absl::Status {
-      std::vector<absl::StatusOr<std::vector<KeepSet>>> sets(n);
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (num_threads > 1 && n > 1)
       for (int64_t i = 0; i < n; ++i) sets[i] = KeepSetsOf(ids[i], *pols[i], pos[i]);
       for (int64_t i = 0; i < n; ++i) {
@@ -206,6 +209,16 @@ class VllmKvCache {
     out["tokens_evicted"] = evicted;
     out["blocks_freed"] = freed;
     out["compressions"] = compressions;
+    if (return_keep) {
+      py::list keep;
+      for (int64_t i = 0; i < n; ++i) {
+        if (sets[i]->empty()) continue;
+        py::list heads;
+        for (const KeepSet& k : *sets[i]) heads.append(py::make_tuple(k.layer, k.kv_head, k.slots));
+        keep.append(py::make_tuple(ids[i], heads));
+      }
+      out["keep"] = keep;
+    }
     return out;
   }
 
@@ -526,9 +539,10 @@ void BindVllm(py::module_& m) {
       .def("head_tokens", &C::HeadTokens, py::arg("seq_id"), "[num_layers, num_kv_heads]")
       .def("apply_keep_sets", &C::ApplyKeepSets, py::arg("seq_id"), py::arg("keep"))
       .def("compress_many", &C::CompressMany, py::arg("seq_ids"), py::arg("positions"),
-           py::arg("num_threads") = 1,
+           py::arg("num_threads") = 1, py::arg("return_keep") = false,
            "compress for several sequences (keep-sets chosen on up to num_threads threads, "
-           "applied in order); returns the summed counts.")
+           "applied in order); returns the summed counts (and with return_keep, keep: "
+           "[(seq, [(layer, kv_head, slots)])]).")
       .def("compress", &C::Compress, py::arg("seq_id"), py::arg("current_position"),
            "The policy on the heads at their trigger; emptied blocks are freed at once.")
       .def_property_readonly("num_free_blocks", [](C& c) { return c.manager().NumFreeBlocks(); })

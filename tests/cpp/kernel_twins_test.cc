@@ -11,11 +11,13 @@
 #include <set>
 #include <vector>
 
+#include "core/beacon_bank.h"
 #include "core/rope.h"
 #include "core/scoring.h"
 #include "core/selection.h"
 #include "kernels/append_kv_cpu.h"
 #include "kernels/compaction_moves_cpu.h"
+#include "kernels/fps_cpu.h"
 #include "kernels/paged_scores_cpu.h"
 #include "kernels/rope_rotate_cpu.h"
 #include "kernels/segmented_topk_cpu.h"
@@ -252,6 +254,29 @@ TEST(RopeTwinTest, TableRowsAreCoreAnglesAndRotationIsCoreRotate) {
   RotateRowsCpu(*rope, src.data(), table_row.data(), positions.data(), 2, got.data());
   rope->Rotate(src.data() + 8, 9, want.data());
   EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + 8));
+}
+
+TEST(FarthestPointOrderCpuTest, EachRowIsCoresOrderingThenMinusOne) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  constexpr int32_t kSegments = 3, kMaxPoints = 40, kDim = 8, kMaxCount = 12;
+  std::vector<float> points(kSegments * kMaxPoints * kDim);
+  for (float& x : points) x = nd(rng);
+  const std::vector<int32_t> n = {40, 5, 0}, count = {12, 5, 0};
+  std::vector<int32_t> order(kSegments * kMaxCount, 99);
+  FarthestPointOrderCpu(points.data(), n.data(), count.data(), kSegments, kMaxPoints, kDim,
+                        kMaxCount, order.data());
+  for (int32_t s = 0; s < kSegments; ++s) {
+    std::vector<int32_t> want =
+        CosineFarthestPointOrder(points.data() + s * kMaxPoints * kDim, n[s], kDim, count[s]);
+    want.resize(kMaxCount, -1);
+    EXPECT_EQ(
+        std::vector<int32_t>(order.begin() + s * kMaxCount, order.begin() + (s + 1) * kMaxCount),
+        want)
+        << "segment " << s;
+  }
+  EXPECT_EQ(order[0 * kMaxCount + 11] >= 0, true);  // a full row: 12 picks of 40
+  EXPECT_EQ(order[1 * kMaxCount + 5], -1);          // 5 picks of 5, then padding
 }
 
 }  // namespace

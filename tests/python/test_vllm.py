@@ -278,3 +278,38 @@ def test_unsupported_geometry_is_refused_with_the_reason():
     mamba = SimpleNamespace(**{**vars(good), "architectures": ["MambaForCausalLM"]})
     with pytest.raises(ValueError, match="Llama-style"):
         config.check_geometry(mamba, torch.float32)
+
+
+def _bench(tmp_path, name: str, *flags: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "beaconkv.vllm.bench", "--model", MODEL,
+         "--dataset-name", "reasoning", "--num-prompts", "8", "--dtype", "float32",
+         "--kv-cache-memory-bytes", str(5 << 20), "--enforce-eager", "--seed", "0",
+         "--output-json", str(out), *flags],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Throughput:" in proc.stdout and "Running batch: max" in proc.stdout, proc.stdout
+    return json.loads(out.read_text())
+
+
+def test_bench_reports_vllms_numbers_and_ours_in_both_layouts(tmp_path):
+    # 5 MiB: stock vLLM holds 19 blocks of 128 tokens (about 2 full traces of ~1,100
+    # tokens); our pool holds 1,259 blocks of 16 tokens of one head, room for all 8 beacon
+    # sequences at their peak (128 tokens per head x 8 heads = 64 blocks) at once.
+    stock = _bench(tmp_path, "stock", "--policy", "stock")
+    runs = {lay: _bench(tmp_path, lay, "--policy", "beacon", "--budget", "96",
+                        "--knob", "interval=32", "--layout", lay)
+            for lay in ("single", "multiprocess")}
+    assert stock["layout"] == "single"
+    assert stock["preemptions"] > 0 and stock["peak_kv_blocks"] == stock["pool_blocks"] < 24
+    for lay, r in runs.items():
+        assert r["layout"] == lay
+        assert r["num_requests"] == 8 and r["tokens_per_second"] > 0  # vLLM's own keys
+        assert r["total_num_tokens"] == stock["total_num_tokens"]
+        # Reservation: every request admitted at its peak, all 8 at once, none preempted;
+        # eviction (worker-side in the multi-process layout) reaches the scheduler's pool.
+        assert r["max_running"] == 8 and r["preemptions"] == 0
+        assert r["peak_kv_blocks"] == 8 * 64 <= r["pool_blocks"]
+        assert r["tokens_evicted"] > 0 and r["blocks_freed_by_eviction"] > 0
+    assert runs["single"]["tokens_evicted"] == runs["multiprocess"]["tokens_evicted"]

@@ -172,7 +172,7 @@ def test_compress_many_decides_as_compress_one_by_one():
     for c in caches:
         for s, p in zip(ids, prompts):
             assert c.allocate(s, p, p)
-    evicted = [0, 0]
+    evicted, compared = [0, 0], 0
     for step in range(25):
         lens = prompts if step == 0 else [1] * len(ids)
         if step:
@@ -189,10 +189,21 @@ def test_compress_many_decides_as_compress_one_by_one():
                             np.zeros((t, H, D), np.float32), 0.35)
         if step:
             pos = [p + step - 1 for p in prompts]
+            one_by_one = {}
             for s, p in zip(ids, pos):
-                evicted[0] += caches[0].compress(s, p)["tokens_evicted"]
-            evicted[1] += caches[1].compress_many(np.array(ids, np.int32),
-                                                  np.array(pos, np.int32), 2)["tokens_evicted"]
+                res = caches[0].compress(s, p)
+                evicted[0] += res["tokens_evicted"]
+                if res["keep"]:
+                    one_by_one[s] = [(l, h, list(x)) for l, h, x in res["keep"]]
+            res = caches[1].compress_many(np.array(ids, np.int32), np.array(pos, np.int32), 2,
+                                          return_keep=step % 3 != 1)
+            evicted[1] += res["tokens_evicted"]
+            if step % 3 != 1:  # the keep-sets a replica pool would be sent: the same
+                many = {s: [(l, h, list(x)) for l, h, x in sets] for s, sets in res["keep"]}
+                assert many == one_by_one
+                compared += len(many)
+            else:
+                assert "keep" not in res
         for s in ids:
             np.testing.assert_array_equal(caches[0].head_tokens(s), caches[1].head_tokens(s))
             for layer in range(L):
@@ -202,6 +213,7 @@ def test_compress_many_decides_as_compress_one_by_one():
                         np.testing.assert_array_equal(x, y)
         caches[1].verify_integrity()
     assert evicted[0] == evicted[1] > 0
+    assert compared > 0
     with pytest.raises(ValueError, match="unknown sequence 77"):
         caches[1].compress_many(np.array([4, 77], np.int32), np.array([30, 30], np.int32), 2)
     with pytest.raises(ValueError, match="sequence 4 appears twice"):

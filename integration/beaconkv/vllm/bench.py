@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
 
 def _reasoning_requests(args):
@@ -48,6 +49,10 @@ def build_parser():
                    help="policy knob (repeatable), e.g. --knob interval=16")
     g.add_argument("--block-tokens", type=int, default=16,
                    help="tokens per block of the BeaconKV pool")
+    g.add_argument("--layout", choices=["single", "multiprocess"], default="single",
+                   help="single: scheduler and model in one process; multiprocess: vLLM's "
+                        "default layout (EngineCore and worker processes, our pools kept in step "
+                        "by the BeaconKV KV connector)")
     g.add_argument("--admission", choices=["reserve", "optimistic"], default="reserve",
                    help="reserve: admit a request only when its peak KV under the policy fits "
                         "(no preemption for policies that bound every head); optimistic: "
@@ -64,8 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
         elif a == "--dataset-name=reasoning":
             argv[i], reasoning = "--dataset-name=random", True
     args = build_parser().parse_args(argv)
-    # One process: the scheduler and the model share the pool (see docs/vllm.md).
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # single: the scheduler and the model share one pool; multiprocess: each process has its
+    # own, kept in step by the connector (docs/vllm.md).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if args.layout == "single" else "1"
     if args.policy == "stock":
         os.environ.pop("BEACONKV_VLLM_CONFIG", None)
     else:
@@ -82,18 +88,35 @@ def main(argv: list[str] | None = None) -> dict:
     args.scheduler_cls = "beaconkv.vllm.Scheduler"
     if args.policy != "stock":
         args.enable_prefix_caching = False
+        if args.layout == "multiprocess":
+            from vllm.config import KVTransferConfig
+
+            from .connector import kv_transfer_config
+
+            args.kv_transfer_config = KVTransferConfig(**kv_transfer_config())
 
     from vllm.benchmarks import throughput
 
+    from .scheduler import STATS_FILE_ENV
+
     if reasoning:
         throughput.get_requests = lambda a, tokenizer: _reasoning_requests(a)
-    throughput.main(args)
-
-    from . import state
-
-    s = dict(state.stats())
+    with tempfile.TemporaryDirectory() as tmp:
+        # The scheduler (in the EngineCore process when multiprocess) writes its statistics
+        # here when it runs out of requests.
+        stats_file = os.path.join(tmp, "stats.json")
+        os.environ[STATS_FILE_ENV] = stats_file
+        try:
+            throughput.main(args)
+        finally:
+            os.environ.pop(STATS_FILE_ENV, None)
+        if not os.path.exists(stats_file):
+            raise RuntimeError("beaconkv.vllm.bench: the scheduler wrote no statistics")
+        with open(stats_file) as f:
+            s = json.load(f)
     steps = max(1, s.get("steps", 0))
     extra = {"policy": args.policy, "budget": args.budget, "knobs": args.knob,
+             "layout": args.layout,
              "admission": args.admission if args.policy != "stock" else None,
              "max_running": s["max_running"], "mean_running": s["running_sum"] / steps,
              "preemptions": s["preemptions"], "peak_kv_blocks": s["peak_kv_blocks"],

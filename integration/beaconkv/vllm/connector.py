@@ -107,13 +107,14 @@ class BeaconKVConnector(KVConnectorBase_V1):
         st = _state.get()
         if st is None or not st.observes:
             return None
-        keep = []
+        seqs, positions = [], []
         for sid, n, seq_len in st.take_step_rows():
             if n != 1 or seq_len <= st.prompt_len.get(sid, seq_len) or not st.cache.has(sid):
                 continue
-            sets = st.compress(sid, seq_len - 1)
-            if sets:
-                keep.append((sid, sets))
+            seqs.append(sid)
+            positions.append(seq_len - 1)
+        # The step's decode rows at once: keep-sets chosen on BEACONKV_VLLM_THREADS threads.
+        keep = st.compress_many(seqs, positions, return_keep=True)
         if _VERIFY:
             st.cache.verify_integrity()
         return BeaconKeepMeta(keep) if keep else None

@@ -12,6 +12,7 @@ freed blocks admit waiting requests at the next ``schedule()``.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 
@@ -21,6 +22,9 @@ from . import config as _config
 from . import state as _state
 
 logger = logging.getLogger(__name__)
+# Where the scheduler writes its statistics (JSON) whenever it runs out of requests: how a
+# benchmark in another process (vLLM's default layout) reads them. Unset: not written.
+STATS_FILE_ENV = "BEACONKV_VLLM_STATS_FILE"
 
 
 def _kv_bytes(kv_cache_config) -> int:
@@ -195,6 +199,16 @@ class Scheduler(_VllmScheduler):
         return super()._preempt_request(request, *args, **kwargs)
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        out = self._update_from_output(scheduler_output, model_runner_output)
+        path = os.environ.get(STATS_FILE_ENV)
+        if path and not self.has_unfinished_requests():
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(_state.stats(), f)
+            os.replace(tmp, path)  # a reader never sees half a file
+        return out
+
+    def _update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)
         if self.beacon_enabled and not self.beacon_multiprocess:
             mgr = self.kv_cache_manager

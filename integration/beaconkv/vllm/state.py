@@ -93,24 +93,22 @@ class BeaconState:
     def free(self, seq_id: int) -> None:
         self.cache.free(seq_id)
 
-    def compress(self, seq_id: int, current_position: int) -> list:
-        """Runs the sequence's policy on the heads at their trigger; frees blocks at once.
-        Returns the keep-sets applied, [(layer, kv_head, slots)], for the scheduler's replica
-        (multi-process; in one process compress_many runs instead)."""
-        if not self.observes:
-            return []
-        out = self.cache.compress(seq_id, current_position)
-        self._count(out)
-        return [(int(l), int(h), [int(x) for x in slots]) for l, h, slots in out["keep"]]
-
-    def compress_many(self, seq_ids: list[int], positions: list[int]) -> None:
-        """compress() for a step's sequences at once (no keep-sets returned): the policies
-        choose on up to BEACONKV_VLLM_THREADS threads, the pool applies in order."""
+    def compress_many(self, seq_ids: list[int], positions: list[int],
+                      return_keep: bool = False) -> list:
+        """compress() for a step's sequences at once: the policies choose on up to
+        BEACONKV_VLLM_THREADS threads, the pool applies in order. With return_keep, the
+        keep-sets applied, [(seq, [(layer, kv_head, slots)])] (for the scheduler's replica);
+        else []."""
         if not self.observes or not seq_ids:
-            return
+            return []
         out = self.cache.compress_many(np.asarray(seq_ids, np.int32),
-                                       np.asarray(positions, np.int32), self.threads)
+                                       np.asarray(positions, np.int32), self.threads,
+                                       return_keep=return_keep)
         self._count(out)
+        if not return_keep:
+            return []
+        return [(int(s), [(int(l), int(h), [int(x) for x in slots]) for l, h, slots in sets])
+                for s, sets in out["keep"]]
 
     def apply_keep_sets(self, seq_id: int, sets: list) -> None:
         """Applies keep-sets computed elsewhere (the worker's policies)."""

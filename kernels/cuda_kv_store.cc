@@ -1,0 +1,150 @@
+#include "kernels/cuda_kv_store.h"
+
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/cache_ops.h"
+
+namespace beaconkv::kernels {
+namespace {
+
+void CudaCheck(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  const std::string msg =
+      std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+  ::beaconkv::internal::CheckFailed(__FILE__, __LINE__, "CUDA call", msg.c_str());
+}
+
+}  // namespace
+
+CudaKvStore::CudaKvStore(float* keys, float* values, int32_t* positions, int32_t num_blocks,
+                         int32_t block_size, int32_t head_dim, cudaStream_t stream)
+    : keys_(keys),
+      values_(values),
+      positions_(positions),
+      num_blocks_(num_blocks),
+      block_size_(block_size),
+      head_dim_(head_dim),
+      stream_(stream) {
+  BKV_CHECK(keys != nullptr && values != nullptr && positions != nullptr);
+  BKV_CHECK(num_blocks >= 1 && block_size >= 1 && head_dim >= 1);
+}
+
+CudaKvStore::~CudaKvStore() {
+  for (int32_t* p : staging_) cudaFree(p);
+}
+
+void CudaKvStore::CheckBlock(BlockId b) const { BKV_CHECK(b >= 0 && b < num_blocks_); }
+
+void CudaKvStore::CheckSlot(SlotRef s) const {
+  CheckBlock(s.block);
+  BKV_CHECK(s.offset >= 0 && s.offset < block_size_);
+}
+
+int32_t* CudaKvStore::Stage(const int32_t* host, int64_t n, int which) {
+  if (n > staging_size_[which]) {
+    cudaFree(staging_[which]);
+    staging_[which] = nullptr;
+    staging_size_[which] = 0;
+    CudaCheck(cudaMalloc(&staging_[which], n * sizeof(int32_t)), "cudaMalloc (staging)");
+    staging_size_[which] = n;
+  }
+  CudaCheck(
+      cudaMemcpyAsync(staging_[which], host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+      "cudaMemcpyAsync (indexes)");
+  return staging_[which];
+}
+
+void CudaKvStore::CopyBlocks(absl::Span<const BlockCopy> copies) {
+  if (copies.empty()) return;
+  std::vector<int32_t> src, dst;
+  src.reserve(copies.size());
+  dst.reserve(copies.size());
+  for (const BlockCopy& c : copies) {
+    CheckBlock(c.src);
+    CheckBlock(c.dst);
+    src.push_back(c.src);
+    dst.push_back(c.dst);
+  }
+  const auto n = static_cast<int32_t>(copies.size());
+  int32_t* dsrc = Stage(src.data(), n, 0);
+  int32_t* ddst = Stage(dst.data(), n, 1);
+  CudaCheck(kernels::CopyBlocks(dsrc, ddst, n, keys_, values_, positions_, block_size_, head_dim_,
+                                stream_),
+            "CopyBlocks");
+  // The host vectors above must outlive the staging copies, and callers reuse slots at once.
+  CudaCheck(cudaStreamSynchronize(stream_), "CopyBlocks (synchronize)");
+}
+
+void CudaKvStore::MoveSlots(absl::Span<const SlotMove> moves) {
+  if (moves.empty()) return;
+  std::vector<int32_t> from, to;
+  from.reserve(moves.size());
+  to.reserve(moves.size());
+  for (const SlotMove& m : moves) {
+    CheckSlot(m.from);
+    CheckSlot(m.to);
+    from.push_back(static_cast<int32_t>(Slot(m.from)));
+    to.push_back(static_cast<int32_t>(Slot(m.to)));
+  }
+  const auto n = static_cast<int32_t>(moves.size());
+  int32_t* dfrom = Stage(from.data(), n, 0);
+  int32_t* dto = Stage(to.data(), n, 1);
+  CudaCheck(kernels::MoveSlots(dfrom, dto, n, keys_, values_, positions_, head_dim_, stream_),
+            "MoveSlots");
+  CudaCheck(cudaStreamSynchronize(stream_), "MoveSlots (synchronize)");
+}
+
+void CudaKvStore::SetPosition(SlotRef slot, int32_t position) {
+  CheckSlot(slot);
+  CudaCheck(cudaMemcpyAsync(positions_ + Slot(slot), &position, sizeof(int32_t),
+                            cudaMemcpyHostToDevice, stream_),
+            "SetPosition");
+  CudaCheck(cudaStreamSynchronize(stream_), "SetPosition (synchronize)");
+}
+
+void CudaKvStore::SwapOut(absl::Span<const BlockCopy> copies, CpuKvStore& host) {
+  BKV_CHECK(host.block_size() == block_size_ && host.head_dim() == head_dim_);
+  const int64_t elems = int64_t{block_size_} * head_dim_;
+  std::vector<int32_t> pos(block_size_);
+  for (const BlockCopy& c : copies) {
+    CheckBlock(c.src);
+    BKV_CHECK(c.dst >= 0 && c.dst < host.num_blocks());
+    // A block's slots are contiguous in both stores: [block_size, head_dim].
+    CudaCheck(cudaMemcpyAsync(host.key({c.dst, 0}), keys_ + c.src * elems, elems * sizeof(float),
+                              cudaMemcpyDeviceToHost, stream_),
+              "SwapOut (keys)");
+    CudaCheck(cudaMemcpyAsync(host.value({c.dst, 0}), values_ + c.src * elems,
+                              elems * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+              "SwapOut (values)");
+    CudaCheck(cudaMemcpyAsync(pos.data(), positions_ + int64_t{c.src} * block_size_,
+                              block_size_ * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+              "SwapOut (positions)");
+    CudaCheck(cudaStreamSynchronize(stream_), "SwapOut (synchronize)");
+    for (int32_t o = 0; o < block_size_; ++o) host.SetPosition({c.dst, o}, pos[o]);
+  }
+}
+
+void CudaKvStore::SwapIn(absl::Span<const BlockCopy> copies, const CpuKvStore& host) {
+  BKV_CHECK(host.block_size() == block_size_ && host.head_dim() == head_dim_);
+  const int64_t elems = int64_t{block_size_} * head_dim_;
+  std::vector<int32_t> pos(block_size_);
+  for (const BlockCopy& c : copies) {
+    BKV_CHECK(c.src >= 0 && c.src < host.num_blocks());
+    CheckBlock(c.dst);
+    for (int32_t o = 0; o < block_size_; ++o) pos[o] = host.position({c.src, o});
+    CudaCheck(cudaMemcpyAsync(keys_ + c.dst * elems, host.key({c.src, 0}), elems * sizeof(float),
+                              cudaMemcpyHostToDevice, stream_),
+              "SwapIn (keys)");
+    CudaCheck(cudaMemcpyAsync(values_ + c.dst * elems, host.value({c.src, 0}),
+                              elems * sizeof(float), cudaMemcpyHostToDevice, stream_),
+              "SwapIn (values)");
+    CudaCheck(cudaMemcpyAsync(positions_ + int64_t{c.dst} * block_size_, pos.data(),
+                              block_size_ * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+              "SwapIn (positions)");
+    CudaCheck(cudaStreamSynchronize(stream_), "SwapIn (synchronize)");
+  }
+}
+
+}  // namespace beaconkv::kernels

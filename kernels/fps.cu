@@ -1,0 +1,163 @@
+#include <algorithm>
+#include <cub/block/block_reduce.cuh>
+
+#include "kernels/fps.h"
+
+namespace beaconkv::kernels {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxPoints = 4096;
+constexpr int kMaxDim = 256;
+constexpr int kCpuBlock = 64;  // core's FPS sums the mean direction 64 points at a time
+constexpr float kChosen = -1.0f;
+
+// A candidate pick: larger distance wins, ties go to the earlier point (core's rule).
+struct Candidate {
+  float dist;
+  int32_t index;
+};
+
+struct Farther {
+  __device__ Candidate operator()(const Candidate& a, const Candidate& b) const {
+    return (a.dist > b.dist || (a.dist == b.dist && a.index < b.index)) ? a : b;
+  }
+};
+
+// 1 - cos(unit point i, v): the float FMA chain over d that core computes.
+__device__ float Distance(const float* unit, int32_t stride, int32_t i, const float* v,
+                          int32_t dim) {
+  float acc = 0.0f;
+  for (int32_t d = 0; d < dim; ++d) acc = __fmaf_rn(unit[int64_t{d} * stride + i], v[d], acc);
+  return __fsub_rn(1.0f, acc);
+}
+
+// One thread block per buffer. Unit vectors go to scratch transposed ([dim][max_points], so a
+// pass reads them coalesced); the smallest distance to the chosen points lives in shared
+// memory; each pick is one pass plus a block-wide arg-max. Double sums use __dadd_rn /
+// __dmul_rn so nvcc cannot contract them into FMAs the CPU does not do.
+__global__ void __launch_bounds__(kThreads)
+    FpsKernel(const float* __restrict__ points, const int32_t* __restrict__ n_of,
+              const int32_t* __restrict__ count_of, int32_t max_points, int32_t dim,
+              int32_t max_count, float* __restrict__ unit_all, int32_t* __restrict__ order) {
+  using Reduce = cub::BlockReduce<Candidate, kThreads>;
+  __shared__ typename Reduce::TempStorage reduce_storage;
+  __shared__ double sum[kMaxDim];
+  __shared__ float v[kMaxDim];
+  __shared__ double root;
+  __shared__ int32_t pick;
+  extern __shared__ float min_dist[];  // [max_points]
+
+  const int32_t s = blockIdx.x, tid = threadIdx.x;
+  const int32_t n = n_of[s], count = count_of[s];
+  int32_t* out = order + int64_t{s} * max_count;
+  if (n < 0 || n > max_points || count < 0 || count > n || count > max_count) {
+    for (int32_t i = tid; i < max_count; i += kThreads) out[i] = -2;
+    return;
+  }
+  for (int32_t i = tid; i < max_count; i += kThreads) out[i] = -1;
+  if (count == 0) return;
+  const float* p = points + int64_t{s} * max_points * dim;
+  float* unit = unit_all + int64_t{s} * max_points * dim;
+
+  // Unit vectors: squared norm in double from four interleaved partial sums, as core packs.
+  for (int32_t i = tid; i < n; i += kThreads) {
+    const float* row = p + int64_t{i} * dim;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    int32_t d = 0;
+    for (; d + 4 <= dim; d += 4) {
+      s0 = __dadd_rn(s0, __dmul_rn(row[d], row[d]));
+      s1 = __dadd_rn(s1, __dmul_rn(row[d + 1], row[d + 1]));
+      s2 = __dadd_rn(s2, __dmul_rn(row[d + 2], row[d + 2]));
+      s3 = __dadd_rn(s3, __dmul_rn(row[d + 3], row[d + 3]));
+    }
+    for (; d < dim; ++d) s0 = __dadd_rn(s0, __dmul_rn(row[d], row[d]));
+    const double sq = __dadd_rn(__dadd_rn(s0, s1), __dadd_rn(s2, s3));
+    const float inv = sq > 0.0 ? __double2float_rn(__ddiv_rn(1.0, __dsqrt_rn(sq))) : 0.0f;
+    for (d = 0; d < dim; ++d) unit[int64_t{d} * max_points + i] = __fmul_rn(row[d], inv);
+  }
+  __syncthreads();
+
+  // Seed direction: the mean of the unit vectors, summed per 64 points and then across, in
+  // point order (core's order of double additions).
+  for (int32_t d = tid; d < dim; d += kThreads) {
+    const float* col = unit + int64_t{d} * max_points;
+    double total = 0.0;
+    for (int32_t b = 0; b < n; b += kCpuBlock) {
+      double part = 0.0;
+      for (int32_t i = b; i < min(n, b + kCpuBlock); ++i) part = __dadd_rn(part, col[i]);
+      total = __dadd_rn(total, part);
+    }
+    sum[d] = total;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    double sq = 0.0;
+    for (int32_t d = 0; d < dim; ++d) sq = __dadd_rn(sq, __dmul_rn(sum[d], sum[d]));
+    root = sq > 0.0 ? __dsqrt_rn(sq) : 0.0;
+  }
+  __syncthreads();
+  for (int32_t d = tid; d < dim; d += kThreads) {
+    v[d] = root > 0.0 ? __double2float_rn(__ddiv_rn(sum[d], root)) : 0.0f;
+  }
+  __syncthreads();
+
+  // Seed pick: the point farthest from the mean direction (distances start at 2).
+  Candidate best{-2.0f, 0x7fffffff};
+  for (int32_t i = tid; i < n; i += kThreads) {
+    const Candidate c{fminf(2.0f, Distance(unit, max_points, i, v, dim)), i};
+    best = Farther()(best, c);
+    min_dist[i] = 2.0f;
+  }
+  best = Reduce(reduce_storage).Reduce(best, Farther());
+  if (tid == 0) pick = best.index;
+  __syncthreads();
+
+  for (int32_t k = 0;; ++k) {
+    const int32_t chosen = pick;
+    for (int32_t d = tid; d < dim; d += kThreads) v[d] = unit[int64_t{d} * max_points + chosen];
+    if (tid == 0) {
+      out[k] = chosen;
+      min_dist[chosen] = kChosen;
+    }
+    __syncthreads();
+    if (k + 1 == count) break;
+    best = Candidate{-2.0f, 0x7fffffff};
+    for (int32_t i = tid; i < n; i += kThreads) {
+      if (min_dist[i] == kChosen) continue;
+      const float m = fminf(min_dist[i], Distance(unit, max_points, i, v, dim));
+      min_dist[i] = m;
+      best = Farther()(best, Candidate{m, i});
+    }
+    __syncthreads();  // reduce_storage is reused
+    best = Reduce(reduce_storage).Reduce(best, Farther());
+    if (tid == 0) pick = best.index;
+    __syncthreads();
+  }
+}
+
+bool ValidShape(const FpsShape& s) {
+  return s.num_segments >= 0 && s.max_points >= 0 && s.max_points <= kMaxPoints && s.dim >= 1 &&
+         s.dim <= kMaxDim && s.max_count >= 0;
+}
+
+}  // namespace
+
+size_t FarthestPointScratchBytes(const FpsShape& shape) {
+  if (!ValidShape(shape)) return 0;
+  return static_cast<size_t>(shape.num_segments) * shape.max_points * shape.dim * sizeof(float);
+}
+
+cudaError_t FarthestPointOrder(const float* points, const int32_t* n, const int32_t* count,
+                               const FpsShape& shape, void* scratch, int32_t* order,
+                               cudaStream_t stream) {
+  if (!ValidShape(shape)) return cudaErrorInvalidValue;
+  if (shape.num_segments == 0 || shape.max_count == 0) return cudaSuccess;
+  const size_t smem = static_cast<size_t>(std::max(shape.max_points, 1)) * sizeof(float);
+  FpsKernel<<<shape.num_segments, kThreads, smem, stream>>>(points, n, count, shape.max_points,
+                                                            shape.dim, shape.max_count,
+                                                            static_cast<float*>(scratch), order);
+  return cudaGetLastError();
+}
+
+}  // namespace beaconkv::kernels
