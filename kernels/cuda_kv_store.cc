@@ -1,5 +1,6 @@
 #include "kernels/cuda_kv_store.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,17 @@ int32_t* CudaKvStore::Stage(const int32_t* host, int64_t n, int which) {
   return staging_[which];
 }
 
+void CudaKvStore::RunIndexed(
+    const std::vector<int32_t>& a, const std::vector<int32_t>& b, const char* what,
+    const std::function<cudaError_t(const int32_t*, const int32_t*, int32_t)>& launch) {
+  const auto n = static_cast<int32_t>(a.size());
+  const int32_t* da = Stage(a.data(), n, 0);
+  const int32_t* db = Stage(b.data(), n, 1);
+  CudaCheck(launch(da, db, n), what);
+  // The host vectors must outlive the staging copies, and callers reuse slots at once.
+  CudaCheck(cudaStreamSynchronize(stream_), what);
+}
+
 void CudaKvStore::CopyBlocks(absl::Span<const BlockCopy> copies) {
   if (copies.empty()) return;
   std::vector<int32_t> src, dst;
@@ -67,14 +79,10 @@ void CudaKvStore::CopyBlocks(absl::Span<const BlockCopy> copies) {
     src.push_back(c.src);
     dst.push_back(c.dst);
   }
-  const auto n = static_cast<int32_t>(copies.size());
-  int32_t* dsrc = Stage(src.data(), n, 0);
-  int32_t* ddst = Stage(dst.data(), n, 1);
-  CudaCheck(kernels::CopyBlocks(dsrc, ddst, n, keys_, values_, positions_, block_size_, head_dim_,
-                                stream_),
-            "CopyBlocks");
-  // The host vectors above must outlive the staging copies, and callers reuse slots at once.
-  CudaCheck(cudaStreamSynchronize(stream_), "CopyBlocks (synchronize)");
+  RunIndexed(src, dst, "CopyBlocks", [&](const int32_t* ds, const int32_t* dd, int32_t n) {
+    return kernels::CopyBlocks(ds, dd, n, keys_, values_, positions_, block_size_, head_dim_,
+                               stream_);
+  });
 }
 
 void CudaKvStore::MoveSlots(absl::Span<const SlotMove> moves) {
@@ -88,12 +96,9 @@ void CudaKvStore::MoveSlots(absl::Span<const SlotMove> moves) {
     from.push_back(static_cast<int32_t>(Slot(m.from)));
     to.push_back(static_cast<int32_t>(Slot(m.to)));
   }
-  const auto n = static_cast<int32_t>(moves.size());
-  int32_t* dfrom = Stage(from.data(), n, 0);
-  int32_t* dto = Stage(to.data(), n, 1);
-  CudaCheck(kernels::MoveSlots(dfrom, dto, n, keys_, values_, positions_, head_dim_, stream_),
-            "MoveSlots");
-  CudaCheck(cudaStreamSynchronize(stream_), "MoveSlots (synchronize)");
+  RunIndexed(from, to, "MoveSlots", [&](const int32_t* df, const int32_t* dt, int32_t n) {
+    return kernels::MoveSlots(df, dt, n, keys_, values_, positions_, head_dim_, stream_);
+  });
 }
 
 void CudaKvStore::SetPosition(SlotRef slot, int32_t position) {

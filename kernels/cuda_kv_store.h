@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "block_manager/kv_store.h"
 
@@ -39,6 +41,10 @@ class CudaKvStore final : public KvStore {
  private:
   // Device int32 staging for index lists (grown as needed, reused).
   int32_t* Stage(const int32_t* host, int64_t n, int which);
+  // Stages two equal-length index lists, runs `launch(a, b, n)` on the stream and waits.
+  void RunIndexed(
+      const std::vector<int32_t>& a, const std::vector<int32_t>& b, const char* what,
+      const std::function<cudaError_t(const int32_t*, const int32_t*, int32_t)>& launch);
   void CheckBlock(BlockId b) const;
   void CheckSlot(SlotRef s) const;
   int64_t Slot(SlotRef s) const { return int64_t{s.block} * block_size_ + s.offset; }

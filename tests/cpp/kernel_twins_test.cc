@@ -275,8 +275,8 @@ TEST(FarthestPointOrderCpuTest, EachRowIsCoresOrderingThenMinusOne) {
         want)
         << "segment " << s;
   }
-  EXPECT_EQ(order[0 * kMaxCount + 11] >= 0, true);  // a full row: 12 picks of 40
-  EXPECT_EQ(order[1 * kMaxCount + 5], -1);          // 5 picks of 5, then padding
+  EXPECT_GE(order[0 * kMaxCount + 11], 0);  // a full row: 12 picks of 40
+  EXPECT_EQ(order[1 * kMaxCount + 5], -1);  // 5 picks of 5, then padding
 }
 
 }  // namespace
