@@ -238,6 +238,24 @@ def test_our_scheduler_admits_as_vllms_while_memory_suffices(monkeypatch, seed):
     assert ours_sched.beacon_state.cache.num_used_blocks == 0
 
 
+def test_enabling_beaconkv_keeps_one_core_for_the_scheduler_as_stock_does(monkeypatch):
+    # With a KV connector configured vLLM's CPU platform keeps one core more for it; ours has
+    # no threads, so register() sets the reservation stock vLLM uses (one core), unless the
+    # user chose one.
+    from beaconkv.vllm import RESERVED_CPU_ENV, register
+
+    monkeypatch.delenv(RESERVED_CPU_ENV, raising=False)
+    monkeypatch.delenv("BEACONKV_VLLM_CONFIG", raising=False)
+    register()
+    assert RESERVED_CPU_ENV not in os.environ  # BeaconKV not enabled: vLLM untouched
+    monkeypatch.setenv("BEACONKV_VLLM_CONFIG", json.dumps({"policy": "beacon", "budget": 96}))
+    register()
+    assert os.environ[RESERVED_CPU_ENV] == "1"
+    monkeypatch.setenv(RESERVED_CPU_ENV, "0")
+    register()
+    assert os.environ[RESERVED_CPU_ENV] == "0"
+
+
 def test_unknown_policy_or_knob_fails_at_engine_start(monkeypatch):
     from beaconkv.vllm import config
 

@@ -9,6 +9,16 @@ docs/vllm.md.
 
 from __future__ import annotations
 
+import os
+
+# vLLM's CPU platform keeps cores free of the worker's OpenMP threads for the scheduler process
+# (one per rank), plus one more per rank when a KV connector is configured: it assumes a
+# transfer engine such as NIXL with threads of its own. Our connector has none (it carries small
+# messages inside vLLM's own step), and we serve one rank, so one core is what stock vLLM keeps.
+# Without this, on a 2-core machine the worker was bound to both cores beside the busy
+# scheduler and front end, and its OpenMP barriers stalled (docs/vllm.md).
+RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
 
 def register() -> None:
     """vLLM general plugin: our attention backend over CPU_ATTN, when BeaconKV is enabled."""
@@ -17,6 +27,8 @@ def register() -> None:
     if not config.enabled():
         return
     config.from_env()  # an unknown policy or knob fails at engine start
+    # Set before vLLM starts its processes (they inherit it); a user's value wins.
+    os.environ.setdefault(RESERVED_CPU_ENV, "1")
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     register_backend(AttentionBackendEnum.CPU_ATTN,
