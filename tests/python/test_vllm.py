@@ -238,22 +238,26 @@ def test_our_scheduler_admits_as_vllms_while_memory_suffices(monkeypatch, seed):
     assert ours_sched.beacon_state.cache.num_used_blocks == 0
 
 
-def test_enabling_beaconkv_keeps_one_core_for_the_scheduler_as_stock_does(monkeypatch):
+def test_enabling_beaconkv_sets_the_cpu_environment_of_vllms_processes(monkeypatch):
     # With a KV connector configured vLLM's CPU platform keeps one core more for it; ours has
-    # no threads, so register() sets the reservation stock vLLM uses (one core), unless the
-    # user chose one.
-    from beaconkv.vllm import RESERVED_CPU_ENV, register
+    # no threads, so register() sets the reservation stock vLLM uses (one core), and a short
+    # OpenMP spin for the processes vLLM starts, unless the user chose values.
+    from beaconkv.vllm import RESERVED_CPU_ENV, SPIN_COUNT, SPIN_ENV, register
 
-    monkeypatch.delenv(RESERVED_CPU_ENV, raising=False)
-    monkeypatch.delenv("BEACONKV_VLLM_CONFIG", raising=False)
+    for name in (RESERVED_CPU_ENV, SPIN_ENV, "BEACONKV_VLLM_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
     register()
     assert RESERVED_CPU_ENV not in os.environ  # BeaconKV not enabled: vLLM untouched
+    assert SPIN_ENV not in os.environ
     monkeypatch.setenv("BEACONKV_VLLM_CONFIG", json.dumps({"policy": "beacon", "budget": 96}))
     register()
     assert os.environ[RESERVED_CPU_ENV] == "1"
+    assert os.environ[SPIN_ENV] == SPIN_COUNT
     monkeypatch.setenv(RESERVED_CPU_ENV, "0")
+    monkeypatch.setenv(SPIN_ENV, "123")
     register()
     assert os.environ[RESERVED_CPU_ENV] == "0"
+    assert os.environ[SPIN_ENV] == "123"
 
 
 def test_unknown_policy_or_knob_fails_at_engine_start(monkeypatch):

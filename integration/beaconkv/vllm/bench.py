@@ -138,5 +138,18 @@ def main(argv: list[str] | None = None) -> dict:
     return extra
 
 
+def _exec_with_spin_count() -> None:
+    """Runs this command again with GOMP_SPINCOUNT set when it is not (see SPIN_ENV)."""
+    from . import SPIN_ENV, SPIN_COUNT
+
+    if SPIN_ENV in os.environ:
+        return
+    env = dict(os.environ, **{SPIN_ENV: SPIN_COUNT})
+    os.execve(sys.executable, [sys.executable, "-m", "beaconkv.vllm.bench", *sys.argv[1:]], env)
+
+
 if __name__ == "__main__":
+    # libgomp reads its spin count when it loads, and ours loaded with `import beaconkv`, so
+    # the variable must be in the environment before the interpreter starts.
+    _exec_with_spin_count()
     main()
