@@ -221,8 +221,19 @@ def _drive(sched, seed: int, n: int = 40) -> list:
     return log
 
 
+def _unset(monkeypatch, *names: str) -> None:
+    """Removes environment variables so that monkeypatch restores them (absent included) after
+    the test, also when code under test sets them directly (register() does)."""
+    for name in names:
+        monkeypatch.setenv(name, "")  # records the current value, or its absence
+        monkeypatch.delenv(name)
+
+
 @pytest.mark.parametrize("seed", [3, 17])
 def test_our_scheduler_admits_as_vllms_while_memory_suffices(monkeypatch, seed):
+    from beaconkv.vllm import RESERVED_CPU_ENV, SPIN_ENV
+
+    _unset(monkeypatch, RESERVED_CPU_ENV, SPIN_ENV)  # register() below sets them
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # driven in this process
     monkeypatch.delenv("BEACONKV_VLLM_CONFIG", raising=False)
     stock = _drive(_scheduler("stock", 400), seed)
@@ -244,8 +255,7 @@ def test_enabling_beaconkv_sets_the_cpu_environment_of_vllms_processes(monkeypat
     # OpenMP spin for the processes vLLM starts, unless the user chose values.
     from beaconkv.vllm import RESERVED_CPU_ENV, SPIN_COUNT, SPIN_ENV, register
 
-    for name in (RESERVED_CPU_ENV, SPIN_ENV, "BEACONKV_VLLM_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
+    _unset(monkeypatch, RESERVED_CPU_ENV, SPIN_ENV, "BEACONKV_VLLM_CONFIG")
     register()
     assert RESERVED_CPU_ENV not in os.environ  # BeaconKV not enabled: vLLM untouched
     assert SPIN_ENV not in os.environ

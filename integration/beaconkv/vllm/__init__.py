@@ -19,17 +19,13 @@ import os
 # scheduler and front end, and its OpenMP barriers stalled (docs/vllm.md).
 RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
-# Two OpenMP runtimes share the model process: torch's (its GEMMs and the model's ops) and ours
-# (decode attention and the policies' compression, alternating with them several times a step).
-# libgomp's idle threads spin for up to 300,000 iterations after each parallel region before they
-# sleep, so on a small machine one runtime's spinning threads hold the cores the other's region
-# is waiting for. A short spin (GOMP_SPINCOUNT) lets them yield: `beacon` 96 at 16 MiB of KV
-# went from 3,205 / 3,606 to 4,403 / 4,378 output tok/s, and stock vLLM (one runtime, but its
-# threads spin against its own Python work) from 1,446 / 1,358 to 1,892 / 1,896, so the benchmark
-# sets it for both (docs/vllm.md). libgomp reads it when it
-# loads, so register() sets it for the processes vLLM starts afterwards (the EngineCore and the
-# worker of the multi-process layout) and `python -m beaconkv.vllm.bench` sets it before it
-# starts; a process that has loaded libgomp already keeps its value. A user's value wins.
+# Two OpenMP runtimes share the model process: torch's (the model's ops) and ours (decode
+# attention, the policies' compression), taking turns several times a step. libgomp's idle
+# threads spin for up to 300,000 iterations after each parallel region, so on a small machine one
+# runtime's spinning threads hold the cores the other's region waits for; a short spin lets them
+# yield (stock vLLM gains as much as we do, so the benchmark sets it for both: docs/vllm.md).
+# libgomp reads it when it loads: register() sets it for the processes vLLM starts afterwards
+# and `python -m beaconkv.vllm.bench` before its interpreter starts. A user's value wins.
 SPIN_ENV = "GOMP_SPINCOUNT"
 SPIN_COUNT = "10000"
 
