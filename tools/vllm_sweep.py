@@ -7,8 +7,8 @@ that round's stock run at the same memory) and summarised by their median over r
 shared 2-core hosts the same stock run was 39 % apart ten minutes later (docs/vllm.md), so a
 single pair says little.
 
-Each run's JSON (vLLM's keys plus the bench's scheduling statistics, the printed output
-tokens/s and the round) goes to OUT/<label>.json; the table is rebuilt from every JSON in OUT.
+Each run's JSON (vLLM's keys plus the bench's: scheduling statistics and output tokens/s; and
+the round) goes to OUT/<label>.json; the table is rebuilt from every JSON in OUT.
 
 Usage: python3 tools/vllm_sweep.py [--memories-mib 9,12,16] [--policies beacon:96:32]
        [--rounds 2] [--num-prompts 128] [--layout single] [--out DIR] [--table-only]
@@ -22,15 +22,12 @@ import argparse
 import datetime
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
-_THROUGHPUT = re.compile(r"^Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, "
-                         r"([\d.]+) output tokens/s", re.M)
 
 
 def parse_spec(spec: str) -> tuple[str, int | None, int | None]:
@@ -69,13 +66,6 @@ def bench_command(python: str, spec, memory_mib: int, args, out_json: str) -> li
     return cmd
 
 
-def parse_output_tokens_per_second(stdout: str) -> float:
-    m = _THROUGHPUT.search(stdout)
-    if m is None:
-        raise RuntimeError("the bench printed no 'Throughput:' line")
-    return float(m.group(3))
-
-
 def run(args) -> None:
     os.makedirs(args.out, exist_ok=True)
     specs = [("stock", None, None)] + [parse_spec(s) for s in args.policies]
@@ -97,8 +87,7 @@ def run(args) -> None:
                     raise RuntimeError(f"{label} failed:\n{proc.stderr[-3000:]}")
                 with open(path, encoding="utf-8") as f:
                     data = json.load(f)
-                data.update(label=label, round=rnd, memory_mib=mem, started=started,
-                            output_tokens_per_second=parse_output_tokens_per_second(proc.stdout))
+                data.update(label=label, round=rnd, memory_mib=mem, started=started)
                 with open(path, "w", encoding="utf-8") as f:
                     json.dump(data, f, indent=1)
                 print(f"{started} {label}: {data['output_tokens_per_second']:.0f} output tok/s, "

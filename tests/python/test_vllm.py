@@ -338,6 +338,10 @@ def test_bench_reports_vllms_numbers_and_ours_in_both_layouts(tmp_path):
     for lay, r in runs.items():
         assert r["layout"] == lay
         assert r["num_requests"] == 8 and r["tokens_per_second"] > 0  # vLLM's own keys
+        # and what vLLM prints but does not write: the same output tokens in every run
+        assert 0 < r["output_tokens_per_second"] < r["tokens_per_second"]
+        assert r["total_output_tokens"] == stock["total_output_tokens"] > 0
+        assert r["total_prompt_tokens"] + r["total_output_tokens"] == r["total_num_tokens"]
         assert r["total_num_tokens"] == stock["total_num_tokens"]
         # Reservation: every request admitted at its peak, all 8 at once, none preempted;
         # eviction (worker-side in the multi-process layout) reaches the scheduler's pool.

