@@ -68,7 +68,7 @@ def bench_command(python: str, spec, memory_mib: int, args, out_json: str) -> li
 
 def run(args) -> None:
     os.makedirs(args.out, exist_ok=True)
-    specs = [("stock", None, None)] + [parse_spec(s) for s in args.policies]
+    specs = [("stock", None, None)] + args.specs
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(ROOT, "integration")] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -165,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or any(m < 1 for m in args.memories_mib):
         p.error("--rounds and every --memories-mib value must be >= 1")
     try:
-        for s in args.policies:
-            parse_spec(s)
+        args.specs = [parse_spec(s) for s in args.policies]
     except ValueError as e:
         p.error(str(e))
     if not args.table_only:
