@@ -6,6 +6,9 @@ For batch 1, 8 and 32, with the full cache and with BeaconKV at budget 128: deco
 decodes the same prompts one at a time, and the ratio engine/NumPy is printed.
 
 Usage: python3 bench/engine_bench.py [--model DIR] [--new-tokens N] [--json OUT]
+       python3 bench/engine_bench.py --policies full beacon "beacon:interval=32,draw_on_fill=true"
+(--policies: specs as `beaconkv eval --policy` takes them, built by the core's registry, each
+at --budget.)
 """
 
 from __future__ import annotations
@@ -61,25 +64,27 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--policies", nargs="+", default=["full", "beacon"],
+                    help="policy specs NAME[-pooled][:KNOB=VALUE,...] (default: full beacon)")
     a = ap.parse_args()
+    configs = {p: beaconkv.make_policy_config(p, a.budget) for p in a.policies}
+    width = max(7, *(len(p) for p in a.policies))
     tok = CharTokenizer.load(a.model)
     problems = read_split(os.path.join(a.model, "data", "dev.jsonl"))
     rows = []
-    print(f"{'batch':>5} {'policy':<7} {'tok/s':>8} {'attn':>6} {'machinery':>9} "
+    print(f"{'batch':>5} {'policy':<{width}} {'tok/s':>8} {'attn':>6} {'machinery':>9} "
           f"{'(score':>6} {'select':>6} {'compact':>7} {'book)':>6} {'x NumPy':>8}")
     for batch in (1, 8, 32):
         prompts = [[tok.bos_id] + tok.encode(p["prompt"]) for p in problems[:batch]]
         np_tps = numpy_run(a.model, prompts[:2], min(a.new_tokens, 128))
-        for name in ("full", "beacon"):
-            policy = beaconkv.policy_config("beacon", budget=a.budget) if name == "beacon" \
-                else "full"
+        for name, policy in configs.items():
             runs = [engine_run(a.model, prompts, a.new_tokens, policy, a.threads)
                     for _ in range(a.repeats)]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             med.update(batch=batch, policy=name, numpy_tokens_per_s=np_tps,
                        speedup_vs_numpy=med["tokens_per_s"] / np_tps)
             rows.append(med)
-            print(f"{batch:>5} {name:<7} {med['tokens_per_s']:>8.0f} "
+            print(f"{batch:>5} {name:<{width}} {med['tokens_per_s']:>8.0f} "
                   f"{med['attention_share']:>6.1%} {med['machinery_share']:>9.1%} "
                   f"{med['scoring_share']:>6.1%} {med['selection_share']:>6.1%} "
                   f"{med['compaction_share']:>7.1%} {med['bookkeeping_share']:>6.1%} "

@@ -277,10 +277,11 @@ std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, in
   return internal::FpsOrder(points, n, dim, count, internal::FpsKernel::kAuto);
 }
 
-BeaconBank::BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max)
+BeaconBank::BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max, bool draw_on_fill)
     : head_dim_(head_dim),
       buffer_min_(buffer_min),
       buffer_max_(buffer_max),
+      draw_on_fill_(draw_on_fill),
       buffer_(static_cast<size_t>(buffer_max) * head_dim) {
   BKV_CHECK(head_dim >= 1 && buffer_min >= 1 && buffer_min < buffer_max);
 }
@@ -292,7 +293,7 @@ int64_t BeaconBank::CapacityBytes() const {
 void BeaconBank::Append(const float* query) {
   std::copy_n(query, head_dim_, buffer_.data() + static_cast<size_t>(size_) * head_dim_);
   ++size_;
-  fps_ordered_ = false;
+  ++arrivals_;
   if (size_ == buffer_max_) Reduce();
 }
 
@@ -308,7 +309,7 @@ void BeaconBank::Reduce() {
   }
   std::copy(scratch_.begin(), scratch_.end(), buffer_.begin());
   size_ = buffer_min_;
-  fps_ordered_ = true;
+  ordered_ = buffer_min_;
   ++num_reductions_;
 }
 
@@ -316,10 +317,16 @@ int32_t BeaconBank::Beacons(int32_t n_beacons, const Rope& rope, int64_t positio
                             std::vector<float>* out) {
   // Reuse the draw: the FPS that picks the beacons also reduces the buffer, so the next
   // compression starts from these survivors instead of drawing again from the same points.
-  Reduce();
+  // With draw_on_fill a draw that still has n_beacons survivors is reused as it is, unless
+  // as many arrivals as came since the last call would fill the buffer: then the buffer is
+  // reduced here, in the compression, rather than in the middle of a later Append.
+  const bool due = !draw_on_fill_ || ordered_ < std::min(n_beacons, size_) ||
+                   int64_t{size_} + arrivals_ >= buffer_max_;
+  arrivals_ = 0;
+  if (due) Reduce();
   const int32_t n = std::min(n_beacons, size_);
   out->resize(static_cast<size_t>(n) * head_dim_);
-  if (fps_ordered_ || n == size_) {
+  if (ordered_ >= n || n == size_) {
     // The first n rows (all of them, or an FPS prefix).
     std::copy_n(buffer_.data(), static_cast<size_t>(n) * head_dim_, out->data());
   } else {

@@ -36,7 +36,11 @@ std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32
 
 class BeaconBank {
  public:
-  BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max);
+  // draw_on_fill: Beacons() reuses the last reduction's draw while it has n_beacons rows
+  // (queries that arrived since wait in the buffer) instead of reducing and drawing at every
+  // call; it reduces when the buffer would fill before the next call (as many arrivals as
+  // since the last call would reach buffer_max).
+  BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max, bool draw_on_fill = false);
 
   // Appends one pre-RoPE query ([head_dim]); reduces to buffer_min on reaching buffer_max.
   void Append(const float* query);
@@ -53,7 +57,9 @@ class BeaconBank {
   // Reduces the buffer to buffer_min (when larger), then writes min(n_beacons, size) beacons
   // into `out` ([n, head_dim]): the first points of the buffer's FPS ordering (every buffered
   // query, in buffer order, when n_beacons >= size), each rotated with `rope` to `position`.
-  // Returns n.
+  // With draw_on_fill, when the survivors of the last reduction number at least n_beacons
+  // and size + (queries appended since the last call) < buffer_max, the beacons are the
+  // first n_beacons survivors and nothing is reduced. Returns n.
   int32_t Beacons(int32_t n_beacons, const Rope& rope, int64_t position, std::vector<float>* out);
 
  private:
@@ -64,8 +70,10 @@ class BeaconBank {
   int32_t buffer_min_;
   int32_t buffer_max_;
   int32_t size_ = 0;
+  bool draw_on_fill_;
   int64_t num_reductions_ = 0;
-  bool fps_ordered_ = false;    // rows are in FPS order (nothing appended since the last Reduce)
+  int64_t arrivals_ = 0;        // queries appended since the last Beacons()
+  int32_t ordered_ = 0;         // leading rows that are the last Reduce's survivors (FPS order)
   std::vector<float> buffer_;   // [buffer_max, head_dim]; the first size_ rows are live
   std::vector<float> scratch_;  // [buffer_min, head_dim] survivors during Reduce
 };

@@ -195,7 +195,10 @@ std::vector<PolicyEntry> MakeRegistry() {
        IntKnob("n_sinks", &B::n_sinks, 0, "first tokens kept when the prompt is not protected"),
        ChoiceKnob("budget_mode", &B::budget_mode, BudgetModeChoices(), kBudgetModeHelp),
        IntKnob("coverage_layers", &B::coverage_layers, 0,
-               "first layers that keep an evenly spaced sample before the best scores")}));
+               "first layers that keep an evenly spaced sample before the best scores"),
+       BoolKnob("draw_on_fill", &B::draw_on_fill,
+                "draw beacons again only when the buffer would fill before the next "
+                "compression; compressions in between reuse the last draw")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }

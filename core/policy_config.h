@@ -109,6 +109,11 @@ struct BeaconConfig {
   // one token per stratum, budget - protected strata), then the best scores for what is left.
   // 1 = layer 0 (why: docs/policies.md, "Coverage layers").
   int32_t coverage_layers = 1;
+  // true: a compression reuses the beacons of the last FPS draw until the buffer would fill
+  // before the next compression (the newest steps are covered by the recent queries); false:
+  // every compression reduces the buffer and draws again (docs/policies.md, "When beacons
+  // are drawn").
+  bool draw_on_fill = false;
 };
 
 using PolicyConfig = std::variant<FullConfig, StreamingConfig, H2OConfig, TovaConfig, SnapKvConfig,

@@ -7,13 +7,17 @@ that round's stock run at the same memory) and summarised by their median over r
 shared 2-core hosts the same stock run was 39 % apart ten minutes later (docs/vllm.md), so a
 single pair says little.
 
+Runs use the beaconkv installed in --python's environment: after changing the package, run
+``bash scripts/setup_vllm.sh`` again (it rebuilds and reinstalls it in Release).
+
 Each run's JSON (vLLM's keys plus the bench's: scheduling statistics and output tokens/s; and
 the round) goes to OUT/<label>.json; the table is rebuilt from every JSON in OUT.
 
 Usage: python3 tools/vllm_sweep.py [--memories-mib 9,12,16] [--policies beacon:96:32]
        [--rounds 2] [--num-prompts 128] [--layout single] [--out DIR] [--table-only]
        [--dry-run]
-Policy specs are NAME[:BUDGET[:INTERVAL]] (``stock`` runs in every round anyway).
+Policy specs are NAME[:BUDGET[:INTERVAL[:KNOB=VALUE+KNOB=VALUE...]]] (``stock`` runs in every
+round anyway), e.g. ``beacon:112:16:draw_on_fill=true``.
 """
 
 from __future__ import annotations
@@ -30,30 +34,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
 
 
-def parse_spec(spec: str) -> tuple[str, int | None, int | None]:
-    """NAME[:BUDGET[:INTERVAL]] -> (name, budget, interval); ValueError naming the spec."""
+def parse_spec(spec: str) -> tuple[str, int | None, int | None, tuple[str, ...]]:
+    """NAME[:BUDGET[:INTERVAL[:KNOB=VALUE+...]]] -> (name, budget, interval, knobs);
+    ValueError naming the spec. Knob names and values are checked by the bench (the core)."""
     parts = spec.split(":")
-    if not parts[0] or len(parts) > 3:
-        raise ValueError(f"policy spec {spec!r}: expected NAME[:BUDGET[:INTERVAL]]")
+    if not parts[0] or len(parts) > 4:
+        raise ValueError(f"policy spec {spec!r}: expected NAME[:BUDGET[:INTERVAL[:KNOBS]]]")
     try:
-        nums = [int(p) for p in parts[1:]]
+        nums = [int(p) for p in parts[1:3]]
     except ValueError:
         raise ValueError(f"policy spec {spec!r}: budget and interval must be integers") from None
     if any(n < 1 for n in nums):
         raise ValueError(f"policy spec {spec!r}: budget and interval must be >= 1")
+    knobs = tuple(parts[3].split("+")) if len(parts) == 4 else ()
+    if any(k.count("=") != 1 or k.startswith("=") for k in knobs):
+        raise ValueError(f"policy spec {spec!r}: knobs must be KNOB=VALUE joined by '+'")
     budget = nums[0] if nums else None
     interval = nums[1] if len(nums) > 1 else None
-    return parts[0], budget, interval
+    return parts[0], budget, interval, knobs
 
 
-def label_of(spec: tuple[str, int | None, int | None], memory_mib: int, rnd: int) -> str:
-    name, budget, interval = spec
+def label_of(spec: tuple, memory_mib: int, rnd: int) -> str:
+    name, budget, interval, knobs = spec
     tag = name + (f"_b{budget}" if budget else "") + (f"_i{interval}" if interval else "")
+    tag += "".join("_" + k.replace("=", "-") for k in knobs)
     return f"{tag}_{memory_mib}M_r{rnd}"
 
 
 def bench_command(python: str, spec, memory_mib: int, args, out_json: str) -> list[str]:
-    name, budget, interval = spec
+    name, budget, interval, knobs = spec
     cmd = [python, "-m", "beaconkv.vllm.bench", "--model", args.model, "--dataset-name",
            "reasoning", "--num-prompts", str(args.num_prompts), "--dtype", "float32",
            "--enforce-eager", "--seed", str(args.seed), "--kv-cache-memory-bytes",
@@ -63,15 +72,18 @@ def bench_command(python: str, spec, memory_mib: int, args, out_json: str) -> li
         cmd += ["--budget", str(budget)]
     if interval is not None:
         cmd += ["--knob", f"interval={interval}"]
+    for k in knobs:
+        cmd += ["--knob", k]
     return cmd
 
 
 def run(args) -> None:
     os.makedirs(args.out, exist_ok=True)
-    specs = [("stock", None, None)] + args.specs
+    specs = [("stock", None, None, ())] + args.specs
+    # The interpreter's installed beaconkv (scripts/setup_vllm.sh builds it in Release), not
+    # integration/ (a developer's extension there may be a debug-info -O2 build, or missing).
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(ROOT, "integration")] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.pop("PYTHONPATH", None)
     for rnd in range(1, args.rounds + 1):
         for mem in args.memories_mib:
             for spec in specs:

@@ -155,6 +155,75 @@ TEST(BeaconBankTest, DrawingBeaconsReducesTheBufferAndReusesTheOrdering) {
   EXPECT_EQ(bank.num_reductions(), 1);
 }
 
+// draw_on_fill: the first draw still reduces an over-full buffer; later draws reuse its first
+// points while new queries wait, until the buffer fills (or would fill before the next draw)
+// and the reduction draws from all of them.
+TEST(BeaconBankTest, DrawOnFillReusesTheDrawUntilTheBufferFills) {
+  std::mt19937 rng(5);
+  const int32_t d = 16;
+  auto rope = Rope::Create({d, 1e4});
+  ASSERT_TRUE(rope.ok());
+  BeaconBank eager(d, /*buffer_min=*/8, /*buffer_max=*/32);
+  BeaconBank lazy(d, 8, 32, /*draw_on_fill=*/true);
+  std::vector<float> all;
+  auto append = [&](int32_t count) {
+    for (int32_t i = 0; i < count; ++i) {
+      const std::vector<float> q = Near(rng, Unit(rng, d), 0.0f, 1.0f + i % 3);
+      all.insert(all.end(), q.begin(), q.end());
+      eager.Append(q.data());
+      lazy.Append(q.data());
+    }
+  };
+  // Few queries: every one is a beacon, in buffer order, in both modes.
+  append(4);
+  std::vector<float> a, b;
+  ASSERT_EQ(lazy.Beacons(5, *rope, 0, &a), 4);
+  ASSERT_EQ(eager.Beacons(5, *rope, 0, &b), 4);
+  EXPECT_EQ(a, b);
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), all.begin()));
+  // Over-full, never drawn: both reduce once and draw the same beacons.
+  append(16);
+  ASSERT_EQ(lazy.Beacons(5, *rope, 0, &a), 5);
+  ASSERT_EQ(eager.Beacons(5, *rope, 0, &b), 5);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(lazy.num_reductions(), 1);
+  const std::vector<float> first_draw = a;
+  // New queries: the eager bank draws again, the lazy one keeps its beacons and its buffer.
+  append(10);
+  ASSERT_EQ(lazy.Beacons(5, *rope, 0, &a), 5);
+  ASSERT_EQ(eager.Beacons(5, *rope, 0, &b), 5);
+  EXPECT_EQ(a, first_draw);
+  EXPECT_EQ(lazy.num_reductions(), 1);
+  EXPECT_EQ(lazy.size(), 18);
+  EXPECT_EQ(eager.num_reductions(), 2);
+  EXPECT_EQ(eager.size(), 8);
+  // The lazy buffer fills (8 + 24 = 32): its reduction draws from every query it holds.
+  std::vector<float> held(lazy.data(), lazy.data() + 18 * d);
+  const size_t before = all.size();
+  append(14);
+  held.insert(held.end(), all.begin() + static_cast<ptrdiff_t>(before), all.end());
+  EXPECT_EQ(lazy.num_reductions(), 2);
+  ASSERT_EQ(lazy.Beacons(5, *rope, 0, &a), 5);
+  const std::vector<int32_t> order = CosineFarthestPointOrder(held.data(), 32, d, 5);
+  for (int32_t i = 0; i < 5; ++i) {
+    EXPECT_TRUE(std::equal(a.begin() + i * d, a.begin() + (i + 1) * d, held.data() + order[i] * d))
+        << "beacon " << i;
+  }
+  // The buffer is reduced in a draw, not in a later Append, once as many arrivals as came
+  // since the previous draw would fill it: 8 + 14 < 32 keeps the draw; after 10 more,
+  // 18 + 10 < 32 keeps it; after 12 more, 30 + 12 >= 32 reduces now.
+  ASSERT_EQ(lazy.Beacons(5, *rope, 0, &a), 5);
+  EXPECT_EQ(lazy.num_reductions(), 2);
+  append(10);
+  ASSERT_EQ(lazy.Beacons(5, *rope, 0, &a), 5);
+  EXPECT_EQ(lazy.num_reductions(), 2);
+  EXPECT_EQ(lazy.size(), 18);
+  append(12);
+  ASSERT_EQ(lazy.Beacons(5, *rope, 0, &a), 5);
+  EXPECT_EQ(lazy.num_reductions(), 3);
+  EXPECT_EQ(lazy.size(), 8);
+}
+
 class BeaconBufferTest : public ::testing::TestWithParam<uint32_t> {};
 
 TEST_P(BeaconBufferTest, PlantedClusterSurvivesReductionMajorityIsThinned) {

@@ -132,29 +132,40 @@ def fps_cosine(points, count):
 
 class BeaconBuffer:
     """The per-head pre-RoPE query buffer: append; FPS to buffer_min at buffer_max and when
-    beacons are drawn, survivors kept in FPS order; beacons are the first of them."""
+    beacons are drawn, survivors kept in FPS order; beacons are the first of them.
+    draw_on_fill: a draw whose survivors still number n_beacons is reused as it is, unless as
+    many arrivals as since the last draw would fill the buffer."""
 
-    def __init__(self, head_dim, buffer_min=256, buffer_max=512):
+    def __init__(self, head_dim, buffer_min=256, buffer_max=512, draw_on_fill=False):
         self.buf = np.zeros((0, head_dim), np.float32)
         self.buffer_min, self.buffer_max = buffer_min, buffer_max
-        self.ordered = False  # rows in FPS order (nothing appended since the last reduce)
+        self.draw_on_fill = draw_on_fill
+        self.ordered = 0  # the first rows that are the last reduction's survivors, in FPS order
+        self.arrivals = 0  # rows appended since the last beacons()
+        self.reductions = 0
 
     def append(self, q):
         for row in np.asarray(q, np.float32).reshape(-1, self.buf.shape[1]):
             self.buf = np.vstack([self.buf, row[None]])
-            self.ordered = False
+            self.arrivals += 1
             if self.buf.shape[0] == self.buffer_max:
                 self.reduce()
 
     def reduce(self):
         if self.buf.shape[0] > self.buffer_min:
             self.buf = self.buf[fps_cosine(self.buf, self.buffer_min)]
-            self.ordered = True
+            self.ordered = self.buffer_min
+            self.reductions += 1
 
     def beacons(self, n_beacons, position, theta):
-        self.reduce()
+        size = self.buf.shape[0]
+        due = (not self.draw_on_fill or self.ordered < min(n_beacons, size)
+               or size + self.arrivals >= self.buffer_max)
+        self.arrivals = 0
+        if due:
+            self.reduce()
         n = min(n_beacons, self.buf.shape[0])
-        if self.ordered or n == self.buf.shape[0]:
+        if self.ordered >= n or n == self.buf.shape[0]:
             return rope(self.buf[:n], position, theta)
         return rope(self.buf[fps_cosine(self.buf, n)], position, theta)
 

@@ -133,6 +133,47 @@ def test_beacon_matches_numpy(seed, coverage_layers):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("draw_on_fill", [False, True])
+def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill):
+    # One head decoded for 150 steps, compressed whenever the core says it is due: every keep
+    # set equals the NumPy twin's, whose buffer reduces at each draw (default) or only when
+    # it fills (draw_on_fill); the two modes choose differently at some compression.
+    d, g, theta, prompt = 16, 2, 1e4, 6
+    cfg = dict(budget=40, interval=8, n_recent=8, n_sinks=2, n_beacons=12, buffer_min=16,
+               buffer_max=64, coverage_layers=0)
+    rng = np.random.default_rng(7)
+    pols = {mode: beaconkv.Policy(beaconkv.BeaconConfig(**cfg, draw_on_fill=mode), 1, 1, g, d,
+                                  rope_theta=theta, prompt_len=prompt)
+            for mode in (draw_on_fill, not draw_on_fill)}
+    buf = ref.BeaconBuffer(d, 16, 64, draw_on_fill=draw_on_fill)
+    keys = {m: rng.standard_normal((prompt, d)).astype(np.float32) for m in pols}
+    pos = {m: np.arange(prompt, dtype=np.int32) for m in pols}
+    keys[not draw_on_fill] = keys[draw_on_fill].copy()
+    recent, kept_sets, compressions = [], {m: [] for m in pols}, 0
+    for p in range(prompt, prompt + 150):
+        k = rng.standard_normal((1, d)).astype(np.float32)
+        pre = rng.standard_normal((g, d)).astype(np.float32) * 2
+        post = rng.standard_normal((g, d)).astype(np.float32) * 2
+        buf.append(pre)
+        recent = (recent + [post])[-8:]
+        for m, pol in pols.items():
+            keys[m] = np.vstack([keys[m], k])
+            pos[m] = np.append(pos[m], np.int32(p))
+            pol.observe(0, 0, p, pre, post)
+            if not pol.due_heads(0, [keys[m].shape[0]]):
+                continue
+            [(_, _, slots)] = pol.compress(0, [keys[m]], [pos[m]], [0], p)
+            if m == draw_on_fill:
+                want = ref.beacon_keep(keys[m], np.stack(recent), buf.beacons(12, p, theta), 40,
+                                       prompt_len=prompt, n_recent=8, n_sinks=2)
+                np.testing.assert_array_equal(np.sort(slots), np.sort(want), f"step {p}")
+                compressions += 1
+            kept_sets[m].append(pos[m][slots].tolist())
+            keys[m], pos[m] = keys[m][slots], pos[m][slots]
+    assert compressions >= 10 and buf.reductions >= 2
+    assert kept_sets[True] != kept_sets[False]
+
+
 def test_coverage_sample_is_one_token_per_stratum():
     protect = np.zeros(20, bool)
     protect[[0, 18, 19]] = True  # sink and recent window
