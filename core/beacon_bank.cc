@@ -309,7 +309,6 @@ void BeaconBank::Reduce() {
   }
   std::copy(scratch_.begin(), scratch_.end(), buffer_.begin());
   size_ = buffer_min_;
-  ordered_ = buffer_min_;
   ++num_reductions_;
 }
 
@@ -320,13 +319,13 @@ int32_t BeaconBank::Beacons(int32_t n_beacons, const Rope& rope, int64_t positio
   // With draw_on_fill a draw that still has n_beacons survivors is reused as it is, unless
   // as many arrivals as came since the last call would fill the buffer: then the buffer is
   // reduced here, in the compression, rather than in the middle of a later Append.
-  const bool due = !draw_on_fill_ || ordered_ < std::min(n_beacons, size_) ||
+  const bool due = !draw_on_fill_ || ordered() < std::min(n_beacons, size_) ||
                    int64_t{size_} + arrivals_ >= buffer_max_;
   arrivals_ = 0;
   if (due) Reduce();
   const int32_t n = std::min(n_beacons, size_);
   out->resize(static_cast<size_t>(n) * head_dim_);
-  if (ordered_ >= n || n == size_) {
+  if (ordered() >= n || n == size_) {
     // The first n rows (all of them, or an FPS prefix).
     std::copy_n(buffer_.data(), static_cast<size_t>(n) * head_dim_, out->data());
   } else {

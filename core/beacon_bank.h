@@ -65,6 +65,9 @@ class BeaconBank {
  private:
   // FPS down to buffer_min (no-op when size <= buffer_min); survivors stored in FPS order.
   void Reduce();
+  // Leading rows in FPS order: the last reduction's survivors stay first (arrivals are
+  // appended behind them), so buffer_min once anything was reduced, else 0.
+  int32_t ordered() const { return num_reductions_ > 0 ? buffer_min_ : 0; }
 
   int32_t head_dim_;
   int32_t buffer_min_;
@@ -73,7 +76,6 @@ class BeaconBank {
   bool draw_on_fill_;
   int64_t num_reductions_ = 0;
   int64_t arrivals_ = 0;        // queries appended since the last Beacons()
-  int32_t ordered_ = 0;         // leading rows that are the last Reduce's survivors (FPS order)
   std::vector<float> buffer_;   // [buffer_max, head_dim]; the first size_ rows are live
   std::vector<float> scratch_;  // [buffer_min, head_dim] survivors during Reduce
 };

@@ -140,7 +140,6 @@ class BeaconBuffer:
         self.buf = np.zeros((0, head_dim), np.float32)
         self.buffer_min, self.buffer_max = buffer_min, buffer_max
         self.draw_on_fill = draw_on_fill
-        self.ordered = 0  # the first rows that are the last reduction's survivors, in FPS order
         self.arrivals = 0  # rows appended since the last beacons()
         self.reductions = 0
 
@@ -154,18 +153,19 @@ class BeaconBuffer:
     def reduce(self):
         if self.buf.shape[0] > self.buffer_min:
             self.buf = self.buf[fps_cosine(self.buf, self.buffer_min)]
-            self.ordered = self.buffer_min
             self.reductions += 1
 
     def beacons(self, n_beacons, position, theta):
         size = self.buf.shape[0]
-        due = (not self.draw_on_fill or self.ordered < min(n_beacons, size)
+        # the last reduction's survivors stay first, in FPS order
+        ordered = self.buffer_min if self.reductions else 0
+        due = (not self.draw_on_fill or ordered < min(n_beacons, size)
                or size + self.arrivals >= self.buffer_max)
         self.arrivals = 0
         if due:
             self.reduce()
         n = min(n_beacons, self.buf.shape[0])
-        if self.ordered >= n or n == self.buf.shape[0]:
+        if (self.buffer_min if self.reductions else 0) >= n or n == self.buf.shape[0]:
             return rope(self.buf[:n], position, theta)
         return rope(self.buf[fps_cosine(self.buf, n)], position, theta)
 

@@ -137,7 +137,8 @@ def test_beacon_matches_numpy(seed, coverage_layers):
 def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill):
     # One head decoded for 150 steps, compressed whenever the core says it is due: every keep
     # set equals the NumPy twin's, whose buffer reduces at each draw (default) or only when
-    # it fills (draw_on_fill); the two modes choose differently at some compression.
+    # it would fill before the next draw (draw_on_fill); the two modes choose differently at
+    # some compression.
     d, g, theta, prompt = 16, 2, 1e4, 6
     cfg = dict(budget=40, interval=8, n_recent=8, n_sinks=2, n_beacons=12, buffer_min=16,
                buffer_max=64, coverage_layers=0)
