@@ -184,7 +184,8 @@ def write_checkpoint(out_dir: str, model: TinyLlama, tok: CharTokenizer, extra: 
     cfg.update({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                 "hidden_act": "silu", "torch_dtype": "float32",
                 "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
-                "pad_token_id": tok.pad_id, "beaconkv_task_version": task.TASK_VERSION,
+                "pad_token_id": tok.pad_id,
+                "beaconkv_task_version": ",".join(task.TASKS[t] for t in TRAIN_TASKS),
                 "beaconkv_training": extra})
     tmp = os.path.join(out_dir, ".tmp")
     save_safetensors(tmp, model.state_dict())
@@ -202,7 +203,8 @@ def write_checkpoint(out_dir: str, model: TinyLlama, tok: CharTokenizer, extra: 
 
 # ----------------------------------------------------------------------------- data
 
-ROLE_CODES = "LPROXCDAF"
+ROLE_CODES = "LPROXCDAFVT"
+TRAIN_TASKS = ["plan-exec"]  # main() adds "def-use" when --defuse-frac > 0
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps", "vocab_size",
                "max_position_embeddings", "tie_word_embeddings")
@@ -211,7 +213,8 @@ CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_att
 def encode_batch(tok: CharTokenizer, exs: list[task.Example]):
     """ids [B, T]; loss targets [B, T] (-100 on prompt); role codes [B, T] (-1 where none).
 
-    All problems of one batch have the same step count and width, hence the same length."""
+    Shorter problems are padded at the end (pad ids, no loss, no role): under the causal mask
+    padding after a sequence changes none of its logits."""
     rows, tgts, roles = [], [], []
     for ex in exs:
         p = [tok.bos_id] + tok.encode(ex.prompt)
@@ -221,6 +224,12 @@ def encode_batch(tok: CharTokenizer, exs: list[task.Example]):
         tgts.append([-100] * (len(p) - 1) + t)
         roles.append([-1] * (len(p) - 1) + [ROLE_CODES.index(r) for r in ex.roles] +
                      [ROLE_CODES.index("F")])
+    width = max(len(r) for r in rows)
+    for r, t, o in zip(rows, tgts, roles):
+        pad = width - len(r)
+        r += [tok.pad_id] * pad
+        t += [-100] * pad
+        o += [-1] * pad
     return torch.tensor(rows), torch.tensor(tgts), torch.tensor(roles)
 
 
@@ -233,14 +242,18 @@ def sample_steps(rng: random.Random, long_on: bool, args) -> int:
 
 
 def make_batch(rng: random.Random, long_on: bool, args, tok):
+    # One task per batch; the draw is skipped for plan-exec-only runs, so that their random
+    # stream (and the replay of the shipped checkpoint) is unchanged.
+    name = ("def-use" if args.defuse_frac > 0 and rng.random() < args.defuse_frac
+            else "plan-exec")
     n = sample_steps(rng, long_on, args)
     diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width)
     # Once long problems are on, short ones start at a random label so that every label is
     # trained cheaply (long problems alone reach the late letters rarely).
     first = rng.randint(0, task.MAX_STEPS - n) if args.label_offsets and long_on and n <= 6 else 0
-    exs = [task.generate(rng, diff, first)]
-    length = len(exs[0].prompt) + len(exs[0].target) + 2  # the same for every problem of diff
-    exs += [task.generate(rng, diff, first)
+    exs = [task.generate(rng, diff, first, name)]
+    length = len(exs[0].prompt) + len(exs[0].target) + 2  # about the same for all of diff
+    exs += [task.generate(rng, diff, first, name)
             for _ in range(max(1, args.batch_tokens // length) - 1)]
     return encode_batch(tok, exs)
 
@@ -273,14 +286,16 @@ def evaluate(model, batches) -> dict:
     return res
 
 
-def eval_batches(tok, seed: int, count: int, lo: int, hi: int, args, per_batch: int):
+def eval_batches(tok, seed: int, count: int, lo: int, hi: int, args, per_batch: int,
+                 name: str = "plan-exec"):
     out = []
-    rng = random.Random(f"eval:{seed}:{lo}-{hi}")
+    rng = random.Random(f"eval:{seed}:{lo}-{hi}" if name == "plan-exec"
+                        else f"eval:{name}:{seed}:{lo}-{hi}")
     by_n: dict[int, list] = {}
     for _ in range(count):
         n = rng.randint(lo, hi)
         diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width)
-        by_n.setdefault(n, []).append(task.generate(rng, diff))
+        by_n.setdefault(n, []).append(task.generate(rng, diff, task=name))
     for n in sorted(by_n):
         exs = by_n[n]
         for i in range(0, len(exs), per_batch):
@@ -297,7 +312,7 @@ def evaluate_split(model_dir: str, split: str) -> dict:
     by_n: dict[int, list] = {}
     for rec in task.read_split(split):
         ex = task.Example(rec["prompt"], rec["target"], rec["answer"], rec["roles"],
-                          rec["n_steps"])
+                          rec["n_steps"], rec.get("task_version", task.TASK_VERSION))
         by_n.setdefault(ex.n_steps, []).append(ex)
     batches = [encode_batch(tok, exs[i:i + 8]) for exs in by_n.values()
                for i in range(0, len(exs), 8)]
@@ -332,6 +347,8 @@ def main() -> int:
                    help="... or this many tokens have been seen; then mix in long problems")
     p.add_argument("--short-frac", type=float, default=0.5,
                    help="once long problems are on: share of batches with 1-6 steps")
+    p.add_argument("--defuse-frac", type=float, default=0.0,
+                   help="share of batches from the def-use task (0: plan-exec only)")
     p.add_argument("--label-offsets", type=int, default=1,
                    help="once long problems are on, start the labels of short problems at a "
                         "random letter (1) or always at A (0)")
@@ -341,6 +358,10 @@ def main() -> int:
     p.add_argument("--at", action="append", default=[], metavar="STEP:KEY=VALUE[,KEY=VALUE]",
                    help="change numeric options from STEP on (replays a run whose options "
                         "were changed on resume), e.g. --at 2951:total_tokens=30e6")
+    p.add_argument("--role-weight", action="append", default=[], metavar="ROLE=W",
+                   help="weight of one role's tokens in the loss (repeatable; default 1), e.g. "
+                        "V=8: rare roles (def-use's computed and re-read codes are < 1 %% of "
+                        "the tokens) get more of the gradient")
     p.add_argument("--batch-tokens", type=int, default=2048, help="tokens per optimiser step")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     p.add_argument("--min-lr-frac", type=float, default=0.05,
@@ -366,6 +387,12 @@ def main() -> int:
         return 0
 
     torch.set_num_threads(args.threads)
+    role_w = torch.ones(len(ROLE_CODES) + 1)  # index -1 (prompt, padding) carries no loss
+    for spec in args.role_weight:
+        role, _, w = spec.partition("=")
+        if role not in ROLE_CODES or not w:
+            p.error(f"--role-weight {spec!r}: expected ROLE=W with ROLE one of {ROLE_CODES}")
+        role_w[ROLE_CODES.index(role)] = float(w)
     torch.manual_seed(args.seed)
     rng = random.Random(f"train:{args.seed}")
     os.makedirs(args.run_dir, exist_ok=True)
@@ -377,6 +404,8 @@ def main() -> int:
         log.write(line + "\n")
         log.flush()
 
+    if args.defuse_frac > 0:
+        TRAIN_TASKS.append("def-use")
     tok = CharTokenizer.from_chars(task.ALPHABET)
     cfg = {"hidden_size": args.hidden, "intermediate_size": args.ffn,
            "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
@@ -416,6 +445,28 @@ def main() -> int:
     d = task.Difficulty()
     short_eval = eval_batches(tok, args.seed, 64, 1, 4, args, 32)
     long_eval = eval_batches(tok, args.seed, 48, d.min_steps, d.max_steps, args, 8)
+    if "def-use" in TRAIN_TASKS:
+        du_short = eval_batches(tok, args.seed, 64, 1, 4, args, 32, "def-use")
+        du_long = eval_batches(tok, args.seed, 48, d.min_steps, d.max_steps, args, 8, "def-use")
+
+    def evaluate_all(long_batches: int | None) -> tuple[dict, dict]:
+        """(long, short) results; with def-use on, each also carries the def-use figures
+        under "defuse" and "exact" is the lower of the two tasks' exact-trace rates."""
+        ev = evaluate(model, long_eval[:long_batches])
+        evs = evaluate(model, short_eval)
+        if "def-use" in TRAIN_TASKS:
+            du = evaluate(model, du_long[:long_batches])
+            dus = evaluate(model, du_short)
+            ev = {**ev, "exact": min(ev["exact"], du["exact"]), "plan_exec_exact": ev["exact"],
+                  "defuse": du}
+            evs = {**evs, "defuse": dus}
+        return ev, evs
+
+    def gate_open(evs: dict) -> bool:
+        accs = [evs["acc_P"], evs["acc_R"]]
+        if "defuse" in evs:
+            accs += [evs["defuse"]["acc_R"], evs["defuse"].get("acc_T", 1.0)]
+        return min(accs) >= args.gate
     deadline = None
     if args.deadline:
         hh, mm = map(int, args.deadline.split(":"))
@@ -433,8 +484,7 @@ def main() -> int:
 
     def checkpoint(final: bool) -> None:
         nonlocal best
-        ev = evaluate(model, long_eval)
-        evs = evaluate(model, short_eval)
+        ev, evs = evaluate_all(None)
         elapsed = elapsed0 + time.time() - t0
         info = {"step": step, "tokens_seen": int(tokens_seen), "train_seconds": round(elapsed),
                 "seed": args.seed, "eval_long_exact": ev["exact"]}
@@ -473,8 +523,14 @@ def main() -> int:
         for g in opt.param_groups:
             g["lr"] = lr_at(tokens_seen)
         logits = model(ids)
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.view(-1),
-                               ignore_index=-100)
+        if args.role_weight:
+            ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.view(-1),
+                                 ignore_index=-100, reduction="none")
+            w = role_w[roles.view(-1)] * (tgt.view(-1) != -100)
+            loss = (ce * w).sum() / w.sum()
+        else:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt.view(-1),
+                                   ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -485,8 +541,7 @@ def main() -> int:
         run_loss += float(loss) * ntok
         run_tok += ntok
         if step % args.eval_every == 0:
-            ev = evaluate(model, long_eval[:2])
-            evs = evaluate(model, short_eval)
+            ev, evs = evaluate_all(2)
             now = time.time()
             emit({"event": "train", "step": step, "tokens_seen": int(tokens_seen),
                   "minutes": round((elapsed0 + now - t0) / 60, 2),
@@ -494,8 +549,7 @@ def main() -> int:
                   "tok_per_s": round(run_tok / (now - t_log)), "long_on": long_on,
                   "long_quick": ev, "short_quick": evs})
             run_loss, run_tok, t_log = 0.0, 0, now
-            if not long_on and ((evs["acc_P"] >= args.gate and evs["acc_R"] >= args.gate)
-                                or tokens_seen >= args.short_tokens_max):
+            if not long_on and (gate_open(evs) or tokens_seen >= args.short_tokens_max):
                 long_on = True
                 emit({"event": "curriculum", "long_on": True, "step": step,
                       "tokens_seen": int(tokens_seen)})

@@ -136,7 +136,7 @@ class BeaconBuffer:
     draw_on_fill: a draw whose survivors still number n_beacons is reused as it is, unless as
     many arrivals as since the last draw would fill the buffer."""
 
-    def __init__(self, head_dim, buffer_min=256, buffer_max=512, draw_on_fill=False):
+    def __init__(self, head_dim, buffer_min=256, buffer_max=512, draw_on_fill=True):
         self.buf = np.zeros((0, head_dim), np.float32)
         self.buffer_min, self.buffer_max = buffer_min, buffer_max
         self.draw_on_fill = draw_on_fill

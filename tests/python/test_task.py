@@ -175,3 +175,132 @@ def test_first_label_shifts_every_label_and_keeps_the_work():
 def test_bad_operations_are_rejected(ops):
     with pytest.raises(ValueError, match="operations must be"):
         task.build_example(ops, order=[0], width=4)
+
+
+# ----------------------------------------------------------------------------- def-use
+
+def _defuse(seed=0, **kw):
+    return task.generate(random.Random(seed), task.Difficulty(**kw), task="def-use")
+
+
+def test_defuse_worked_example_is_exact():
+    # A: literal +5; B: definition (register 5000 -> add 5); C: use of B (add 5 again).
+    steps = [("lit", ("+", 5)), ("def", None), ("use", 1)]
+    ex = task.build_defuse_example(steps, order=[3, 1, 0, 2], width=4)
+    assert ex.prompt == "D?;Bu;Af;CB;\n"
+    lines = ex.target.split("\n")
+    assert lines[0] == "Af" and lines[5] == "Bf" and lines[10] == "CBf"
+    assert lines[5:10] == ["Bf", "+5000", "|5000", "+0100", "=0100"]  # 5 + 5 = 10
+    assert lines[10:15] == ["CBf", "+5000", "|0100", "+0000", "=5100"]  # 10 + 5 = 15
+    assert ex.target.endswith("D?\n#5100") and ex.answer == "5100"
+    start = ex.target.index("CBf")
+    assert ex.roles[start:start + 4] == "LRTF"
+    assert ex.roles[ex.target.index("Bf"):][:2] == "LV"
+    assert ex.task_version == task.DEFUSE_VERSION
+    assert task.reference_answer(ex.prompt, 4) == ex.answer
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 123])
+@pytest.mark.parametrize("width", [1, 3, 10])
+def test_defuse_answer_matches_independent_solver(seed, width):
+    ex = _defuse(seed, min_steps=1, max_steps=task.MAX_STEPS, width=width)
+    assert task.reference_answer(ex.prompt, width) == ex.answer
+    assert task.extract_answer(ex.target) == ex.answer
+
+
+def test_defuse_rows_definitions_and_uses_are_consistent():
+    ex = _defuse(5, min_steps=20, max_steps=20)
+    items = dict((it[0], it[1]) for it in ex.prompt.strip().split(";") if it)
+    lines = ex.target.split("\n")
+    register, codes, kinds = "0" * 10, {}, set()
+    for k in range(ex.n_steps):
+        head, orow, xrow, crow, rrow = lines[5 * k: 5 * k + 5]
+        label, spec = head[0], items[head[0]]
+        if spec == task.DEF_MARK:
+            kinds.add("def")
+            assert len(head) == 2 and head[1] == task.encode_op("+", int(register[0]))
+        elif spec in task.LABELS_UPPER:
+            kinds.add("use")
+            assert items[spec] == task.DEF_MARK and spec < label  # an earlier definition
+            assert head == label + spec + codes[spec]
+        else:
+            kinds.add("lit")
+            assert head == label + spec
+        codes[label] = head[-1]
+        op, digit = task.decode_op(head[-1])
+        assert orow == op + str(digit) + "0" * 9 and xrow == "|" + register
+        x = task.value_lsb(register)
+        assert rrow == "=" + task.digits_lsb((x + digit if op == "+" else x - digit) % 10**10, 10)
+        register = rrow[1:]
+    assert kinds == {"lit", "def", "use"}
+    assert lines[5 * ex.n_steps:] == [task.LABELS_UPPER[ex.n_steps] + "?", "#" + register]
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_defuse_trace_retrievals_read_values_that_only_the_trace_holds(seed):
+    ex = _defuse(seed)
+    t_pos = [i for i, r in enumerate(ex.roles) if r == "T"]
+    assert t_pos and set(t_pos) < set(ex.retrieval_positions())
+    for i in t_pos:
+        ref = ex.target[i - 1]
+        assert ex.roles[i - 1] == "R"
+        home = ex.target.index(ref)  # the definition's own header, earlier in the trace
+        assert home < i - 1 and ex.roles[home + 1] == "V"
+        assert ex.target[home + 1] == ex.target[i]
+        assert (ref + task.DEF_MARK + ";") in ex.prompt  # the prompt does not hold the value
+
+
+
+def test_defuse_retrieval_distances_spread_over_the_trace():
+    distances = []
+    for ex in task.split_examples(8, 20, task.Difficulty(), "def-use"):
+        distances += [i - ex.target.index(ex.target[i - 1])
+                      for i, r in enumerate(ex.roles) if r == "T"]
+    assert len(distances) >= 60
+    assert min(distances) < 60 and max(distances) > 600  # one step back up to most of a trace
+
+
+@pytest.mark.parametrize("steps, order, msg", [
+    ([("use", 0)], [0, 1], "earlier definition"),
+    ([("lit", ("+", 1)), ("use", 0)], [0, 1, 2], "earlier definition"),
+    ([("def", None), ("use", 2), ("def", None)], [0, 1, 2, 3], "earlier definition"),
+    ([("mul", 3)], [0, 1], "kind must be"),
+    ([("lit", ("*", 3))], [0, 1], "a literal needs"),
+    ([("def", None)], [0], "permutation"),
+])
+def test_defuse_bad_steps_are_rejected(steps, order, msg):
+    with pytest.raises(ValueError, match=msg):
+        task.build_defuse_example(steps, order, width=4)
+
+
+def test_unknown_task_is_rejected():
+    with pytest.raises(ValueError, match="unknown task 'sum'"):
+        task.generate(random.Random(0), task.Difficulty(), task="sum")
+    with pytest.raises(ValueError, match="unknown task"):
+        next(task.split_examples(1, 1, task.Difficulty(), task="sum"))
+
+
+def test_defuse_split_file_round_trip_and_versions(tmp_path):
+    out = tmp_path / "s.jsonl"
+    assert task.main(["--task", "def-use", "--out", str(out), "--seed", "3", "--count", "4"]) == 0
+    recs = task.read_split(str(out))
+    for rec, ex in zip(recs, task.split_examples(3, 4, task.Difficulty(), "def-use")):
+        assert rec["target"] == ex.target and rec["roles"] == ex.roles
+        assert rec["task_version"] == task.DEFUSE_VERSION
+        assert rec["retrieval"] == ex.retrieval_positions()
+    # The same seed gives different problems in the two tasks.
+    pe = next(task.split_examples(3, 1, task.Difficulty()))
+    assert pe.target != recs[0]["target"]
+
+
+@pytest.mark.parametrize("name", ["defuse-dev", "defuse-heldout-52361", "defuse-heldout-60017",
+                                  "defuse-heldout-71993"])
+def test_committed_defuse_splits_are_reproducible(name):
+    recs = task.read_split(str(DATA / f"{name}.jsonl"))
+    assert len(recs) == 200 and recs[0]["task_version"] == task.DEFUSE_VERSION
+    seed = int(recs[0]["id"].split("-")[0])
+    regen = task.split_examples(seed, len(recs), task.Difficulty(**recs[0]["difficulty"]),
+                                "def-use")
+    for rec, ex in zip(recs, regen):
+        assert rec["target"] == ex.target and rec["answer"] == ex.answer
+    assert sum(len(r["target"]) + 1 for r in recs) / len(recs) >= 950
