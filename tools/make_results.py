@@ -15,6 +15,10 @@ and ``teacher_forced`` fields are used) and writes
   so text written around the table survives a re-run.
 * RESULTS/accuracy_vs_compression.png: accuracy vs compression ratio, one line per policy
   (a second panel for teacher-forced retrieval accuracy when present).
+
+``--pooled DIR [DIR ...]`` instead prints one markdown table over several result folders (one
+split each, e.g. the held-out seeds): greedy accuracy per folder and pooled over all of them,
+with the pooled 95 % Wilson interval; rows present in only some folders pool those.
 """
 
 from __future__ import annotations
@@ -126,6 +130,28 @@ def table(rows: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pooled_table(dirs: list[str]) -> str:
+    """Greedy accuracy per folder and pooled (problems summed), one row per policy x budget."""
+    per_dir = [load_results(d) for d in dirs]
+    keys = sorted({k for rows in per_dir for k, r in rows.items() if "greedy" in r},
+                  key=sort_key)
+    names = [os.path.basename(os.path.normpath(d)) for d in dirs]
+    lines = ["| policy | budget | " + " | ".join(names) + " | pooled (95 % CI) | problems |",
+             "|" + "---|" * (len(names) + 4)]
+    for key in keys:
+        cells, hits, total = [], 0.0, 0
+        for rows in per_dir:
+            g = rows.get(key, {}).get("greedy")
+            cells.append(fmt(g["accuracy"]) if g else "–")
+            if g:
+                hits += g["accuracy"] * g["num_problems"]
+                total += g["num_problems"]
+        acc = hits / total
+        lines.append(f"| {key[0]} | {fmt(key[1], 'd')} | " + " | ".join(cells) +
+                     f" | {acc:.3f} {fmt_interval(wilson(acc, total))} | {total} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_markdown(path: str, body: str) -> None:
     block = f"{BEGIN}\n{body}{END}\n"
     if os.path.exists(path):
@@ -194,7 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=os.path.join(ROOT, "docs", "results"),
                    help="directory of tools/run_study.py's JSON files; accuracy.md is "
                         "written there")
+    p.add_argument("--pooled", nargs="+", metavar="DIR",
+                   help="print one table pooling the greedy runs of these folders and exit")
     args = p.parse_args(argv)
+    if args.pooled:
+        missing = [d for d in args.pooled if not load_results(d)]
+        if missing:
+            print(f"no result JSON files in {', '.join(missing)}", file=sys.stderr)
+            return 1
+        sys.stdout.write(pooled_table(args.pooled))
+        return 0
     rows = load_results(args.results)
     if not rows:
         print(f"no result JSON files in {args.results}", file=sys.stderr)

@@ -179,7 +179,9 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
     accuracy on the retrieval tokens (those the generator marks as read from far back).
 
     `accuracy` here is the share of problems whose every target token is the policy's argmax;
-    `full_retrieval_accuracy` is the full cache's own retrieval accuracy, for scale.
+    `full_retrieval_accuracy` is the full cache's own retrieval accuracy, for scale, and
+    `retrieval_agreement` the share of retrieval tokens where the policy's argmax is the full
+    cache's (what eviction changed, whether or not the model is right there).
     `full_cache`: a dict kept across calls (a study) so the full-cache run happens once per
     (model, split, problems, batching) instead of once per policy."""
     import numpy as np
@@ -206,7 +208,7 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
                          f"memory (first: problem {oom[0]}); raise --kv-blocks")
     agree = kl_sum = 0.0
     positions = 0
-    ret_hit = ret_full_hit = ret_total = exact = 0
+    ret_hit = ret_full_hit = ret_agree = ret_total = exact = 0
     peak = full_len = 0.0
     for i, p in enumerate(problems):
         f_logits, q_logits = full[i]["logits"], outs[i]["logits"]
@@ -219,6 +221,7 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
         ret = np.asarray(p.get("retrieval", []), dtype=np.int64)
         ret_hit += int((q_arg[ret] == target[ret]).sum())
         ret_full_hit += int((f_arg[ret] == target[ret]).sum())
+        ret_agree += int((q_arg[ret] == f_arg[ret]).sum())
         ret_total += len(ret)
         exact += bool((q_arg == target).all())
         peak += outs[i]["peak_retained_tokens"]
@@ -234,6 +237,7 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
         "token_agreement": agree / positions, "mean_kl": kl_sum / positions,
         "retrieval_accuracy": ret_hit / ret_total if ret_total else float("nan"),
         "full_retrieval_accuracy": ret_full_hit / ret_total if ret_total else float("nan"),
+        "retrieval_agreement": ret_agree / ret_total if ret_total else float("nan"),
         "preemptions": stats["preemptions"]["recompute"] + stats["preemptions"]["swap"],
         "out_of_memory": sum(o["finish_reason"] == "out_of_memory" for o in outs.values()),
         "engine_stats": stats, "policy_config": cfg.to_dict(),

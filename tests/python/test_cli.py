@@ -47,6 +47,7 @@ def test_teacher_forced_full_agrees_with_itself_and_split_may_be_a_file(tmp_path
     assert data["token_agreement"] == 1.0
     assert data["mean_kl"] == pytest.approx(0.0, abs=1e-9)
     assert data["retrieval_accuracy"] == data["full_retrieval_accuracy"]
+    assert data["retrieval_agreement"] == 1.0
 
 
 def test_teacher_forced_eviction_is_measured(tmp_path):
@@ -57,6 +58,7 @@ def test_teacher_forced_eviction_is_measured(tmp_path):
     data = json.loads(out.read_text())
     assert data["compression_ratio"] > 5
     assert data["token_agreement"] < 1.0 and data["mean_kl"] > 0.0
+    assert 0.0 <= data["retrieval_agreement"] < 1.0  # streaming at 32 loses the plan
 
 
 @pytest.mark.parametrize("args, message", [

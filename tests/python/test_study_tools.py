@@ -465,6 +465,24 @@ def test_make_results_table_and_plot(tmp_path):
     assert again.count(mk.BEGIN) == 1 and again.endswith("## What we tried\nnotes\n")
 
 
+def test_make_results_pools_splits(tmp_path, capsys):
+    mk = load_tool("make_results")
+    a, b = tmp_path / "seed-a", tmp_path / "seed-b"
+    a.mkdir(), b.mkdir()
+    for d, acc in ((a, 0.9), (b, 0.8)):
+        (d / "full.json").write_text(json.dumps(synthetic_result("full", None, 1.0, 1.0)))
+        (d / "beacon_b96.json").write_text(json.dumps(synthetic_result("beacon", 96, acc, 8.0)))
+    (a / "snapkv_b96.json").write_text(json.dumps(synthetic_result("snapkv", 96, 0.1, 8.0)))
+    assert mk.main(["--pooled", str(a), str(b)]) == 0
+    rows = {r.split("|")[1].strip(): r for r in capsys.readouterr().out.splitlines()[2:]}
+    n = synthetic_result("beacon", 96, 0.9, 8.0)["num_problems"]
+    lo, hi = mk.wilson(0.85, 2 * n)
+    assert f"| 0.900 | 0.800 | 0.850 [{lo:.3f}, {hi:.3f}] | {2 * n} |" in rows["beacon"]
+    assert f"| 0.100 | – | 0.100" in rows["snapkv"] and rows["snapkv"].endswith(f"| {n} |")
+    assert list(rows) == ["full", "snapkv", "beacon"]
+    assert mk.main(["--pooled", str(a), str(tmp_path / "none")]) == 1
+
+
 def test_error_attribution_names_the_evicted_token_a_query_needed():
     from beaconkv.replay import NEVER, Trace
 
