@@ -130,9 +130,9 @@ def table(rows: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pooled_table(dirs: list[str]) -> str:
-    """Greedy accuracy per folder and pooled (problems summed), one row per policy x budget."""
-    per_dir = [load_results(d) for d in dirs]
+def pooled_table(dirs: list[str], per_dir: list[dict]) -> str:
+    """Greedy accuracy per folder and pooled (problems summed), one row per policy x budget;
+    per_dir[i] is load_results(dirs[i])."""
     keys = sorted({k for rows in per_dir for k, r in rows.items() if "greedy" in r},
                   key=sort_key)
     names = [os.path.basename(os.path.normpath(d)) for d in dirs]
@@ -224,11 +224,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="print one table pooling the greedy runs of these folders and exit")
     args = p.parse_args(argv)
     if args.pooled:
-        missing = [d for d in args.pooled if not load_results(d)]
+        per_dir = [load_results(d) for d in args.pooled]
+        missing = [d for d, rows in zip(args.pooled, per_dir) if not rows]
         if missing:
             print(f"no result JSON files in {', '.join(missing)}", file=sys.stderr)
             return 1
-        sys.stdout.write(pooled_table(args.pooled))
+        sys.stdout.write(pooled_table(args.pooled, per_dir))
         return 0
     rows = load_results(args.results)
     if not rows:

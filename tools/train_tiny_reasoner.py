@@ -177,7 +177,8 @@ def load_safetensors_f32(path: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_checkpoint(out_dir: str, model: TinyLlama, tok: CharTokenizer, extra: dict) -> None:
+def write_checkpoint(out_dir: str, model: TinyLlama, tok: CharTokenizer, extra: dict,
+                     tasks: list[str]) -> None:
     """Write the HF-layout checkpoint; each file appears atomically (tmp + rename)."""
     os.makedirs(out_dir, exist_ok=True)
     cfg = dict(model.cfg)
@@ -185,7 +186,7 @@ def write_checkpoint(out_dir: str, model: TinyLlama, tok: CharTokenizer, extra: 
                 "hidden_act": "silu", "torch_dtype": "float32",
                 "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
                 "pad_token_id": tok.pad_id,
-                "beaconkv_task_version": ",".join(task.TASKS[t] for t in TRAIN_TASKS),
+                "beaconkv_task_version": ",".join(task.TASKS[t] for t in tasks),
                 "beaconkv_training": extra})
     tmp = os.path.join(out_dir, ".tmp")
     save_safetensors(tmp, model.state_dict())
@@ -204,7 +205,6 @@ def write_checkpoint(out_dir: str, model: TinyLlama, tok: CharTokenizer, extra: 
 # ----------------------------------------------------------------------------- data
 
 ROLE_CODES = "LPROXCDAFVT"
-TRAIN_TASKS = ["plan-exec"]  # main() adds "def-use" when --defuse-frac > 0
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps", "vocab_size",
                "max_position_embeddings", "tie_word_embeddings")
@@ -404,8 +404,7 @@ def main() -> int:
         log.write(line + "\n")
         log.flush()
 
-    if args.defuse_frac > 0:
-        TRAIN_TASKS.append("def-use")
+    tasks = ["plan-exec"] + (["def-use"] if args.defuse_frac > 0 else [])
     tok = CharTokenizer.from_chars(task.ALPHABET)
     cfg = {"hidden_size": args.hidden, "intermediate_size": args.ffn,
            "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
@@ -445,7 +444,7 @@ def main() -> int:
     d = task.Difficulty()
     short_eval = eval_batches(tok, args.seed, 64, 1, 4, args, 32)
     long_eval = eval_batches(tok, args.seed, 48, d.min_steps, d.max_steps, args, 8)
-    if "def-use" in TRAIN_TASKS:
+    if "def-use" in tasks:
         du_short = eval_batches(tok, args.seed, 64, 1, 4, args, 32, "def-use")
         du_long = eval_batches(tok, args.seed, 48, d.min_steps, d.max_steps, args, 8, "def-use")
 
@@ -454,7 +453,7 @@ def main() -> int:
         under "defuse" and "exact" is the lower of the two tasks' exact-trace rates."""
         ev = evaluate(model, long_eval[:long_batches])
         evs = evaluate(model, short_eval)
-        if "def-use" in TRAIN_TASKS:
+        if "def-use" in tasks:
             du = evaluate(model, du_long[:long_batches])
             dus = evaluate(model, du_short)
             ev = {**ev, "exact": min(ev["exact"], du["exact"]), "plan_exec_exact": ev["exact"],
@@ -491,7 +490,7 @@ def main() -> int:
         saved = ev["exact"] >= best
         if saved:
             best = ev["exact"]
-            write_checkpoint(args.out, model, tok, info)
+            write_checkpoint(args.out, model, tok, info, tasks)
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                     "tokens_seen": tokens_seen, "best": best, "elapsed": elapsed,
                     "long_on": long_on,

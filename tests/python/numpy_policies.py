@@ -155,17 +155,19 @@ class BeaconBuffer:
             self.buf = self.buf[fps_cosine(self.buf, self.buffer_min)]
             self.reductions += 1
 
+    def ordered(self):
+        """Leading rows in FPS order: the last reduction's survivors stay first."""
+        return self.buffer_min if self.reductions else 0
+
     def beacons(self, n_beacons, position, theta):
         size = self.buf.shape[0]
-        # the last reduction's survivors stay first, in FPS order
-        ordered = self.buffer_min if self.reductions else 0
-        due = (not self.draw_on_fill or ordered < min(n_beacons, size)
+        due = (not self.draw_on_fill or self.ordered() < min(n_beacons, size)
                or size + self.arrivals >= self.buffer_max)
         self.arrivals = 0
         if due:
             self.reduce()
         n = min(n_beacons, self.buf.shape[0])
-        if (self.buffer_min if self.reductions else 0) >= n or n == self.buf.shape[0]:
+        if self.ordered() >= n or n == self.buf.shape[0]:
             return rope(self.buf[:n], position, theta)
         return rope(self.buf[fps_cosine(self.buf, n)], position, theta)
 

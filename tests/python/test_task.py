@@ -250,7 +250,6 @@ def test_defuse_trace_retrievals_read_values_that_only_the_trace_holds(seed):
         assert (ref + task.DEF_MARK + ";") in ex.prompt  # the prompt does not hold the value
 
 
-
 def test_defuse_retrieval_distances_spread_over_the_trace():
     distances = []
     for ex in task.split_examples(8, 20, task.Difficulty(), "def-use"):
