@@ -14,6 +14,7 @@
 
 #include "core/beacon_bank.h"
 #include "core/policy.h"
+#include "core/scoring.h"
 
 namespace beaconkv {
 namespace {
@@ -147,6 +148,34 @@ void BM_BeaconObserveStep(benchmark::State& bench) {
 BENCHMARK(BM_BeaconObserveStep)->Unit(benchmark::kMicrosecond)->Iterations(480);
 
 // One cosine FPS (the beacon buffer's reduction and beacon draw): points, head_dim, picks.
+// BeaconKV's scoring of one head: `rows` observation rows (recent queries + beacons) against
+// `n` keys, max over rows of the softmax probability.
+void BM_AttentionScores(benchmark::State& bench) {
+  const auto rows = static_cast<int32_t>(bench.range(0));
+  const auto n = static_cast<int32_t>(bench.range(1));
+  const auto d = static_cast<int32_t>(bench.range(2));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> keys(static_cast<size_t>(n) * d), queries(static_cast<size_t>(rows) * d);
+  for (float& x : keys) x = dist(rng);
+  for (float& x : queries) x = dist(rng);
+  std::vector<float> out(n);
+  ScoreScratch scratch;
+  for (auto _ : bench) {
+    AttentionScores(keys.data(), 0, n, d, queries.data(), rows, 1,
+                    {GqaReduction::kMaxProbs, QueryReduction::kMax}, out.data(), &scratch);
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+
+BENCHMARK(BM_AttentionScores)
+    ->ArgNames({"rows", "keys", "dim"})
+    ->Args({352, 128, 32})
+    ->Args({352, 256, 32})
+    ->Args({352, 257, 32})
+    ->Args({448, 2176, 128})
+    ->Unit(benchmark::kMicrosecond);
+
 void BM_Fps(benchmark::State& bench) {
   const auto n = static_cast<int32_t>(bench.range(0));
   const auto d = static_cast<int32_t>(bench.range(1));

@@ -26,11 +26,14 @@ std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, in
 namespace internal {
 
 // Which implementation of the FPS pass to run; every one computes the same FMA chains, so the
-// ordering is the same. kAuto: the fastest this machine supports. For tests and benchmarks.
+// ordering is the same. kAuto: the fastest this machine supports. dedupe: exact duplicate
+// rows share one slot (the same ordering, fewer cosines); off only to test that. is_copy
+// (optional, needs dedupe): is_copy[j] = 1 when order[j] is bitwise equal to an earlier pick.
 enum class FpsKernel { kAuto, kPortable, kAvx2, kAvx512 };
 bool FpsKernelSupported(FpsKernel kernel);
 std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32_t count,
-                              FpsKernel kernel);
+                              FpsKernel kernel, bool dedupe = true,
+                              std::vector<uint8_t>* is_copy = nullptr);
 
 }  // namespace internal
 
@@ -54,9 +57,11 @@ class BeaconBank {
   // Bytes this buffer holds at capacity (buffer_max queries in float32).
   int64_t CapacityBytes() const;
 
-  // Reduces the buffer to buffer_min (when larger), then writes min(n_beacons, size) beacons
-  // into `out` ([n, head_dim]): the first points of the buffer's FPS ordering (every buffered
-  // query, in buffer order, when n_beacons >= size), each rotated with `rope` to `position`.
+  // Reduces the buffer to buffer_min (when larger), then writes the beacons into `out`
+  // ([n, head_dim]): the first min(n_beacons, size) points of the buffer's FPS ordering
+  // (every buffered query, in buffer order, when n_beacons >= size), each rotated with `rope`
+  // to `position`, less exact copies of a point already among them (identical rows give
+  // identical scores; layer 0's queries repeat with the token).
   // With draw_on_fill, when the survivors of the last reduction number at least n_beacons
   // and size + (queries appended since the last call) < buffer_max, the beacons are the
   // first n_beacons survivors and nothing is reduced. Returns n.
@@ -78,6 +83,7 @@ class BeaconBank {
   int64_t arrivals_ = 0;        // queries appended since the last Beacons()
   std::vector<float> buffer_;   // [buffer_max, head_dim]; the first size_ rows are live
   std::vector<float> scratch_;  // [buffer_min, head_dim] survivors during Reduce
+  std::vector<uint8_t> copy_;   // per survivor: 1 = a copy of an earlier survivor
 };
 
 }  // namespace beaconkv

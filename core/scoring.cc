@@ -1,6 +1,9 @@
 #include "core/scoring.h"
 
 #include <cblas.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <bit>
@@ -97,6 +100,188 @@ BKV_MULTIVERSION void AddInto(float* acc, const float* x, int32_t n) {
   for (int32_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
+#if defined(__x86_64__)
+// The max-of-probabilities scores (see AttentionScores) without materialising every row's
+// logits: the keys are transposed once into [d][n16] (n16 = n rounded up to 16, zero
+// padded), then four rows at a time are multiplied against 64-key tiles held in sixteen
+// accumulators (one load of each key vector serves four rows), so the logits of those rows
+// land in a [4][n16] buffer that stays in L1, and each row's log-sum-exp and its max into
+// `out` read it from there. (OpenBLAS on these shapes, 352 x 128 x 32, spent most of its time
+// zeroing C and synchronising threads.)
+bool HasAvx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+}
+
+// Logits of NR (1..4) rows against the keys [j0, j0 + 16 * NV) (NV 1..4), times `scale`,
+// into tile[r * n16 + j]; row_max[r] = max(row_max[r], those of keys j < n).
+template <int NR, int NV>
+__attribute__((target("avx512f"))) inline void LogitTile(const float* kt, int32_t n, int32_t n16,
+                                                         int32_t d, const float* q, float scale,
+                                                         int32_t j0, float* tile, __m512* row_max) {
+  __m512 acc[NR][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int32_t k = 0; k < d; ++k) {
+    const float* col = kt + static_cast<size_t>(k) * n16 + j0;
+    __m512 kv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) kv[v] = _mm512_loadu_ps(col + 16 * v);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512 qb = _mm512_set1_ps(q[static_cast<size_t>(r) * d + k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(kv[v], qb, acc[r][v]);
+    }
+  }
+  const __m512 s = _mm512_set1_ps(scale);
+  __mmask16 valid[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const int32_t left = n - (j0 + 16 * v);
+    valid[v] =
+        left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>(left > 0 ? (1u << left) - 1u : 0u);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __m512 x = _mm512_mul_ps(acc[r][v], s);
+      _mm512_storeu_ps(tile + static_cast<size_t>(r) * n16 + j0 + 16 * v, x);
+      row_max[r] = _mm512_mask_max_ps(row_max[r], valid[v], row_max[r], x);
+    }
+  }
+}
+
+// The logits of NR rows against every key into tile; returns each row's largest in row_max.
+template <int NR>
+__attribute__((target("avx512f"))) void LogitRows(const float* kt, int32_t n, int32_t n16,
+                                                  int32_t d, const float* q, float scale,
+                                                  float* tile, float* row_max) {
+  __m512 vmax[NR];
+  for (int r = 0; r < NR; ++r) vmax[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int32_t j0 = 0;
+  for (; j0 + 64 <= n16; j0 += 64) LogitTile<NR, 4>(kt, n, n16, d, q, scale, j0, tile, vmax);
+  switch ((n16 - j0) / 16) {
+    case 3:
+      LogitTile<NR, 3>(kt, n, n16, d, q, scale, j0, tile, vmax);
+      break;
+    case 2:
+      LogitTile<NR, 2>(kt, n, n16, d, q, scale, j0, tile, vmax);
+      break;
+    case 1:
+      LogitTile<NR, 1>(kt, n, n16, d, q, scale, j0, tile, vmax);
+      break;
+    default:
+      break;
+  }
+  for (int r = 0; r < NR; ++r) {
+    float lanes[16];  // (_mm512_reduce_max_ps trips GCC 12's -Wuninitialized)
+    _mm512_storeu_ps(lanes, vmax[r]);
+    row_max[r] = *std::max_element(lanes, lanes + 16);
+  }
+}
+
+// ExpApprox on 16 lanes (the same steps).
+__attribute__((target("avx512f"))) inline __m512 ExpApprox16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 n =
+      _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 e = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
+}
+
+// sum over j < n of exp(row[j] - shift); row is padded to a multiple of 16.
+__attribute__((target("avx512f"))) float ExpShiftSum16(const float* row, int32_t n, float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  int32_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    a0 = _mm512_add_ps(a0, ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + j), s)));
+    a1 = _mm512_add_ps(a1, ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), s)));
+  }
+  for (; j < n; j += 16) {
+    const int32_t left = n - j;
+    const __mmask16 valid =
+        left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1u);
+    a0 = _mm512_mask_add_ps(a0, valid, a0, ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + j), s)));
+  }
+  float lanes[16];  // (_mm512_reduce_add_ps trips GCC 12's -Wuninitialized)
+  _mm512_storeu_ps(lanes, _mm512_add_ps(a0, a1));
+  float sum = 0.0f;
+  for (float l : lanes) sum += l;
+  return sum;
+}
+
+// acc[j] = max(acc[j], row[j] - shift) for j < n; acc and row are padded to a multiple of 16.
+__attribute__((target("avx512f"))) void MaxShiftedInto16(float* acc, const float* row, int32_t n,
+                                                         float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  for (int32_t j = 0; j < n; j += 16) {
+    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(row + j), s);
+    _mm512_storeu_ps(acc + j, _mm512_max_ps(_mm512_loadu_ps(acc + j), x));
+  }
+}
+
+void MaxProbScoresAvx512(const float* keys, int32_t n, int32_t d, const float* queries,
+                         int32_t rows, float* out, ScoreScratch* scratch) {
+  const int32_t n16 = (n + 15) / 16 * 16;
+  scratch->keys_t.assign(static_cast<size_t>(d) * n16, 0.0f);
+  float* kt = scratch->keys_t.data();
+  for (int32_t j = 0; j < n; ++j) {
+    for (int32_t k = 0; k < d; ++k) {
+      kt[static_cast<size_t>(k) * n16 + j] = keys[static_cast<size_t>(j) * d + k];
+    }
+  }
+  scratch->logits.resize(static_cast<size_t>(4) * n16);
+  float* tile = scratch->logits.data();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // The running max in the log domain, padded to whole vectors (the padding is never read).
+  scratch->row.assign(n16, -std::numeric_limits<float>::infinity());
+  float* best = scratch->row.data();
+  for (int32_t r0 = 0; r0 < rows; r0 += 4) {
+    const int32_t nr = std::min(4, rows - r0);
+    const float* q = queries + static_cast<size_t>(r0) * d;
+    float row_max[4];
+    switch (nr) {
+      case 4:
+        LogitRows<4>(kt, n, n16, d, q, scale, tile, row_max);
+        break;
+      case 3:
+        LogitRows<3>(kt, n, n16, d, q, scale, tile, row_max);
+        break;
+      case 2:
+        LogitRows<2>(kt, n, n16, d, q, scale, tile, row_max);
+        break;
+      default:
+        LogitRows<1>(kt, n, n16, d, q, scale, tile, row_max);
+        break;
+    }
+    for (int32_t r = 0; r < nr; ++r) {
+      const float* row = tile + static_cast<size_t>(r) * n16;
+      const float lse = row_max[r] + std::log(ExpShiftSum16(row, n, row_max[r]));
+      MaxShiftedInto16(best, row, n16, lse);
+    }
+  }
+  std::copy_n(best, n, out);
+  ExpInPlace(out, n);
+}
+#endif
+
 }  // namespace
 
 const char* GqaReductionName(GqaReduction r) {
@@ -173,6 +358,19 @@ void AttentionScores(const float* keys, int32_t begin, int32_t end, int32_t head
   if (num_queries <= 0) return;
   BKV_CHECK(group_size >= 1 && head_dim >= 1);
   const int32_t rows = num_queries * group_size;
+  const bool max_probs = spec.query == QueryReduction::kMax &&
+                         (group_size == 1 || spec.gqa == GqaReduction::kMaxProbs);
+#if defined(__x86_64__)
+  static const bool avx512 = HasAvx512();
+  // The transposed keys are re-read once per four rows: past L2's reach, the blocked GEMM wins.
+  constexpr size_t kFusedMaxKeyBytes = 256 << 10;
+  if (max_probs && avx512 &&
+      static_cast<size_t>(n) * head_dim * sizeof(float) <= kFusedMaxKeyBytes) {
+    MaxProbScoresAvx512(keys + static_cast<size_t>(begin) * head_dim, n, head_dim, queries, rows,
+                        out, scratch);
+    return;
+  }
+#endif
   scratch->logits.resize(static_cast<size_t>(rows) * n);
   scratch->row.resize(n);
   float* logits = scratch->logits.data();
@@ -180,8 +378,7 @@ void AttentionScores(const float* keys, int32_t begin, int32_t end, int32_t head
               1.0f / std::sqrt(static_cast<float>(head_dim)), queries, head_dim,
               keys + static_cast<size_t>(begin) * head_dim, head_dim, 0.0f, logits, n);
 
-  if (spec.query == QueryReduction::kMax &&
-      (group_size == 1 || spec.gqa == GqaReduction::kMaxProbs)) {
+  if (max_probs) {
     // max over every row of its softmax = exp(max over rows of (logit - logsumexp of the
     // row)): one exp per element for the normaliser, none stored, and n exps at the end.
     std::fill(out, out + n, -std::numeric_limits<float>::infinity());

@@ -63,6 +63,7 @@ struct ScoreSpec {
 struct ScoreScratch {
   std::vector<float> logits;  // [num_queries * group_size, num_keys]
   std::vector<float> row;     // [num_keys]
+  std::vector<float> keys_t;  // keys transposed, [head_dim, num_keys rounded up to 16]
 };
 
 // out[j - begin] = reduce_queries(reduce_gqa(softmax over keys [begin, end) of q·k/sqrt(d)))

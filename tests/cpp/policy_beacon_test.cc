@@ -122,6 +122,100 @@ TEST(CosineFpsTest, EveryKernelGivesTheSameOrdering) {
   }
 }
 
+// Exact duplicates spread over several blocks (as layer 0's queries are: one per token id):
+// every kernel gives the same ordering, and copies of a point come out in index order.
+TEST(CosineFpsTest, DuplicatesAcrossBlocksKeepIndexOrder) {
+  std::mt19937 rng(13);
+  constexpr int32_t kDistinct = 7, kN = 300, kD = 32;
+  std::vector<std::vector<float>> distinct;
+  for (int32_t i = 0; i < kDistinct; ++i) distinct.push_back(Unit(rng, kD));
+  std::uniform_int_distribution<int32_t> which(0, kDistinct - 1);
+  std::vector<int32_t> id(kN);
+  std::vector<float> pts;
+  for (int32_t i = 0; i < kN; ++i) {
+    id[i] = which(rng);
+    pts.insert(pts.end(), distinct[id[i]].begin(), distinct[id[i]].end());
+  }
+  const std::vector<int32_t> want =
+      internal::FpsOrder(pts.data(), kN, kD, kN, internal::FpsKernel::kPortable);
+  ASSERT_EQ(static_cast<int32_t>(want.size()), kN);
+  std::vector<int32_t> last(kDistinct, -1);
+  for (int32_t i : want) {
+    EXPECT_GT(i, last[id[i]]) << "a later copy of point " << id[i] << " came first";
+    last[id[i]] = i;
+  }
+  for (auto k :
+       {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512}) {
+    if (!internal::FpsKernelSupported(k)) continue;
+    EXPECT_EQ(internal::FpsOrder(pts.data(), kN, kD, kN, k), want)
+        << "kernel " << static_cast<int>(k);
+  }
+}
+
+// Sharing one slot among exact copies is an optimisation only: on points mixing copies, scaled
+// copies (equal directions, different rows), near-duplicates and distinct points, the ordering
+// with and without it is the same on every kernel, and is_copy marks exactly the picks whose
+// row equals an earlier pick's.
+TEST(CosineFpsTest, SharingSlotsAmongCopiesGivesTheSameOrdering) {
+  std::mt19937 rng(21);
+  constexpr int32_t kD = 24;
+  for (const auto& [n, count] : {std::tuple{300, 300}, std::tuple{300, 120}, std::tuple{70, 9}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n << " count " << count);
+    std::vector<std::vector<float>> rows;
+    for (int32_t i = 0; i < n; ++i) {
+      const uint32_t kind = rng() % 4;
+      if (kind == 0 || rows.empty()) {
+        rows.push_back(Unit(rng, kD));
+      } else if (kind == 1) {
+        rows.push_back(rows[rng() % rows.size()]);  // exact copy
+      } else if (kind == 2) {
+        rows.push_back(Near(rng, rows[rng() % rows.size()], 0.0f, 2.0f));  // same direction
+      } else {
+        rows.push_back(Near(rng, rows[rng() % rows.size()], 1e-4f, 1.0f));
+      }
+    }
+    std::vector<float> pts;
+    for (const auto& r : rows) pts.insert(pts.end(), r.begin(), r.end());
+    for (auto k : {internal::FpsKernel::kPortable, internal::FpsKernel::kAuto}) {
+      const std::vector<int32_t> plain = internal::FpsOrder(pts.data(), n, kD, count, k, false);
+      std::vector<uint8_t> is_copy;
+      EXPECT_EQ(internal::FpsOrder(pts.data(), n, kD, count, k, true, &is_copy), plain)
+          << "kernel " << static_cast<int>(k);
+      ASSERT_EQ(static_cast<int32_t>(is_copy.size()), count);
+      for (int32_t j = 0; j < count; ++j) {
+        bool earlier = false;
+        for (int32_t i = 0; i < j; ++i) earlier = earlier || rows[plain[i]] == rows[plain[j]];
+        EXPECT_EQ(is_copy[j] != 0, earlier) << "pick " << j;
+      }
+    }
+  }
+}
+
+// Beacons leave out exact copies of a beacon: the rows are the distinct points among the
+// first n of the FPS ordering, in that order.
+TEST(BeaconBankTest, BeaconsLeaveOutCopies) {
+  std::mt19937 rng(6);
+  const int32_t d = 16;
+  auto rope = Rope::Create({d, 1e4});
+  ASSERT_TRUE(rope.ok());
+  const std::vector<std::vector<float>> tokens = {Unit(rng, d), Unit(rng, d), Unit(rng, d)};
+  BeaconBank bank(d, /*buffer_min=*/8, /*buffer_max=*/32);
+  std::vector<float> all;
+  for (int32_t i = 0; i < 20; ++i) {
+    const std::vector<float>& q = tokens[i % 3];
+    all.insert(all.end(), q.begin(), q.end());
+    bank.Append(q.data());
+  }
+  std::vector<float> beacons;
+  ASSERT_EQ(bank.Beacons(6, *rope, 0, &beacons), 3);
+  const std::vector<int32_t> order = CosineFarthestPointOrder(all.data(), 20, d, 6);
+  for (int32_t b = 0; b < 3; ++b) {
+    EXPECT_TRUE(std::equal(beacons.begin() + b * d, beacons.begin() + (b + 1) * d,
+                           all.begin() + order[b] * d))
+        << "beacon " << b;
+  }
+}
+
 // Beacons reuse the buffer reduction's draw: drawing them reduces an over-full buffer to
 // buffer_min in FPS order, and the beacons are its first points.
 TEST(BeaconBankTest, DrawingBeaconsReducesTheBufferAndReusesTheOrdering) {
