@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/redundancy.h"
@@ -99,6 +100,26 @@ INSTANTIATE_TEST_SUITE_P(OddSizes, AttentionScoresTest,
                          ::testing::Combine(::testing::Values(1, 3, 17, 130),
                                             ::testing::Values(2, 6, 64), ::testing::Values(1, 3, 4),
                                             ::testing::Values(1, 5)));
+
+// The max-of-probabilities path on either side of the size where the fused AVX-512 kernel
+// hands over to the blocked GEMM (256 KB of keys): 300 x 128 floats is fused, 1,100 x 64 is
+// not; rows 4k+3 and key counts off the 16-lane grid exercise the tails.
+TEST(AttentionScoresTest, MaxProbsMatchesNaiveAcrossTheFusedKernelsReach) {
+  for (const auto& [n, d, g, nq] : {std::tuple{300, 128, 1, 7}, std::tuple{1100, 64, 2, 3},
+                                    std::tuple{16, 32, 1, 4}, std::tuple{65, 32, 1, 11}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n << " d " << d << " g " << g << " nq " << nq);
+    std::mt19937 rng(n + d);
+    const std::vector<float> keys = Random(rng, static_cast<size_t>(n) * d);
+    const std::vector<float> q = Random(rng, static_cast<size_t>(nq) * g * d, 2.0f);
+    std::vector<float> out(n);
+    ScoreScratch scratch;
+    AttentionScores(keys.data(), 0, n, d, q.data(), nq, g,
+                    {GqaReduction::kMaxProbs, QueryReduction::kMax}, out.data(), &scratch);
+    const std::vector<double> ref =
+        NaiveScores(keys, 0, n, d, q, nq, g, GqaReduction::kMaxProbs, QueryReduction::kMax);
+    for (int32_t j = 0; j < n; ++j) ASSERT_NEAR(out[j], ref[j], 2e-5 * std::max(1.0, ref[j])) << j;
+  }
+}
 
 TEST(SoftmaxTest, StableForLargeAndEqualLogits) {
   std::vector<float> x = {1000.0f, 1000.0f, -1000.0f};
