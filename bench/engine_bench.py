@@ -72,6 +72,9 @@ def main() -> int:
     tok = CharTokenizer.load(a.model)
     problems = read_split(os.path.join(a.model, "data", "dev.jsonl"))
     rows = []
+    # Which build is measured: an installed package shadows the tree's unless
+    # PYTHONPATH=integration is set (scripts/setup.sh installs a snapshot of the tree).
+    print(f"# beaconkv from {os.path.dirname(beaconkv.__file__)}")
     print(f"{'batch':>5} {'policy':<{width}} {'tok/s':>8} {'attn':>6} {'machinery':>9} "
           f"{'(score':>6} {'select':>6} {'compact':>7} {'book)':>6} {'x NumPy':>8}")
     for batch in (1, 8, 32):
