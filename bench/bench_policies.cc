@@ -147,7 +147,6 @@ void BM_BeaconObserveStep(benchmark::State& bench) {
 
 BENCHMARK(BM_BeaconObserveStep)->Unit(benchmark::kMicrosecond)->Iterations(480);
 
-// One cosine FPS (the beacon buffer's reduction and beacon draw): points, head_dim, picks.
 // BeaconKV's scoring of one head: `rows` observation rows (recent queries + beacons) against
 // `n` keys, max over rows of the softmax probability.
 void BM_AttentionScores(benchmark::State& bench) {
@@ -176,6 +175,7 @@ BENCHMARK(BM_AttentionScores)
     ->Args({448, 2176, 128})
     ->Unit(benchmark::kMicrosecond);
 
+// One cosine FPS (the beacon buffer's reduction and beacon draw): points, head_dim, picks.
 void BM_Fps(benchmark::State& bench) {
   const auto n = static_cast<int32_t>(bench.range(0));
   const auto d = static_cast<int32_t>(bench.range(1));

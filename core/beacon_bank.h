@@ -60,8 +60,9 @@ class BeaconBank {
   // Reduces the buffer to buffer_min (when larger), then writes the beacons into `out`
   // ([n, head_dim]): the first min(n_beacons, size) points of the buffer's FPS ordering
   // (every buffered query, in buffer order, when n_beacons >= size), each rotated with `rope`
-  // to `position`, less exact copies of a point already among them (identical rows give
-  // identical scores; layer 0's queries repeat with the token).
+  // to `position`. A drawn set (an FPS prefix) leaves out exact copies of a point already
+  // among them (identical rows give identical scores; layer 0's queries repeat with the
+  // token); the whole buffer, taken when n_beacons >= size, is returned as it is.
   // With draw_on_fill, when the survivors of the last reduction number at least n_beacons
   // and size + (queries appended since the last call) < buffer_max, the beacons are the
   // first n_beacons survivors and nothing is reduced. Returns n.
