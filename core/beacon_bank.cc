@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <numeric>
 
 #if defined(__x86_64__)
@@ -34,9 +35,40 @@ using UpdateFn = float (*)(const float* blocked, int32_t n, int32_t dim, const f
 // `value` (the slots a pick chooses among, found without a scalar scan).
 using EqualFn = void (*)(const float* min_dist, int32_t n, float value, uint64_t* eq);
 
+// Cache-line-aligned storage for the arrays the passes stream with 64-byte loads (a load
+// that straddles two lines costs two).
+template <class T>
+struct CacheAligned {
+  using value_type = T;
+  CacheAligned() = default;
+  template <class U>
+  explicit CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
+  friend bool operator==(const CacheAligned&, const CacheAligned&) { return true; }
+};
+using AlignedFloats = std::vector<float, CacheAligned<float>>;
+
+// Working memory of one FpsOrder call, kept per thread between calls: a draw allocates
+// nothing once the thread has drawn as large a set before (fresh buffers of this size come
+// from and go back to the OS on every call, and the page faults cost more than the packing).
+struct FpsScratch {
+  std::vector<int32_t> first, next_copy, slot_of, table, index, group, picked;
+  std::vector<uint64_t> group_hash, eq;
+  AlignedFloats blocked, staged, min_dist;
+  std::vector<float> v;
+  std::vector<double> sum, part;
+};
+
+// Unit-normalises `points` ([n, dim]) into s->blocked and sums them into s->sum; see PackUnit.
+using PackFn = void (*)(const float* points, int32_t n, int32_t dim, FpsScratch* s);
+
 struct FpsKernels {
   UpdateFn update;
   EqualFn equal;
+  PackFn pack;
 };
 
 #if defined(__x86_64__)
@@ -158,6 +190,162 @@ void EqualPortable(const float* min_dist, int32_t n, float value, uint64_t* eq) 
   }
 }
 
+// The sum of the unit-normalised `points` ([n, dim]; zero rows stay zero) in double ([dim]):
+// per dimension, each block of 64 points summed in index order, then the blocks in order.
+// Point i with slot_of[i] >= 0 is also written, unit-normalised, to that slot of `blocked`
+// (the blocked layout: element (s, d) at (s / kBlock) * dim * kBlock + d * kBlock + s %
+// kBlock; the caller sizes it, slots no point fills are zeroed here). A row's squared norm is four
+// double partial sums, s[j] over d = j mod 4, added as (s0 + s1) + (s2 + s3); the products
+// are exact in double, so every path below (fused or not) gives the same bits.
+void PackUnit(const float* points, int32_t n, int32_t dim, FpsScratch* scratch) {
+  const int32_t* slot = scratch->slot_of.data();
+  float* blocked = scratch->blocked.data();
+  double* sum = scratch->sum.data();
+  std::vector<float>& unit = scratch->v;
+  std::vector<double>& part = scratch->part;
+  unit.resize(dim);
+  part.resize(dim);
+  std::fill(scratch->blocked.begin(), scratch->blocked.end(), 0.0f);
+  std::fill_n(sum, dim, 0.0);
+  for (int32_t b = 0; b * kBlock < n; ++b) {
+    std::fill(part.begin(), part.end(), 0.0);
+    for (int32_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
+      const float* p = points + static_cast<size_t>(i) * dim;
+      double s[4] = {0.0, 0.0, 0.0, 0.0};
+      int32_t d = 0;
+      for (; d + 4 <= dim; d += 4) {
+        for (int32_t j = 0; j < 4; ++j) s[j] += static_cast<double>(p[d + j]) * p[d + j];
+      }
+      for (; d < dim; ++d) s[0] += static_cast<double>(p[d]) * p[d];
+      const double sq = (s[0] + s[1]) + (s[2] + s[3]);
+      const float inv = sq > 0.0 ? static_cast<float>(1.0 / std::sqrt(sq)) : 0.0f;
+      for (d = 0; d < dim; ++d) unit[d] = p[d] * inv;
+      for (d = 0; d < dim; ++d) part[d] += unit[d];
+      if (slot[i] < 0) continue;
+      float* out =
+          blocked + static_cast<size_t>(slot[i] / kBlock) * dim * kBlock + slot[i] % kBlock;
+      for (d = 0; d < dim; ++d) out[static_cast<size_t>(d) * kBlock] = unit[d];
+    }
+    for (int32_t d = 0; d < dim; ++d) sum[d] += part[d];
+  }
+}
+
+#if defined(__x86_64__)
+// dst[c * dst_stride + r] = src[r * src_stride + c] for a 16 x 16 tile.
+__attribute__((target("avx512f"))) void Transpose16(const float* src, size_t src_stride, float* dst,
+                                                    size_t dst_stride) {
+  __m512 r[16], t[16];
+  for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(src + k * src_stride);
+  // Interleave pairs of rows (32-bit), then pairs of pairs (64-bit): t[4q + j] holds, in each
+  // 128-bit lane L, elements 4L..4L+3 of rows 4q..4q+3, column j of that group of four.
+  for (int q = 0; q < 4; ++q) {
+    const __m512 a = _mm512_unpacklo_ps(r[4 * q], r[4 * q + 1]);
+    const __m512 b = _mm512_unpackhi_ps(r[4 * q], r[4 * q + 1]);
+    const __m512 c = _mm512_unpacklo_ps(r[4 * q + 2], r[4 * q + 3]);
+    const __m512 d = _mm512_unpackhi_ps(r[4 * q + 2], r[4 * q + 3]);
+    t[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(c)));
+    t[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(c)));
+    t[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(b), _mm512_castps_pd(d)));
+    t[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(b), _mm512_castps_pd(d)));
+  }
+  // Gather 128-bit lanes: column 4L + j comes from lane L of t[j], t[4 + j], t[8 + j], t[12 + j].
+  for (int j = 0; j < 4; ++j) {
+    const __m512 lo01 = _mm512_shuffle_f32x4(t[j], t[4 + j], 0x44);  // lanes 0,1 | 0,1
+    const __m512 hi01 = _mm512_shuffle_f32x4(t[j], t[4 + j], 0xEE);  // lanes 2,3 | 2,3
+    const __m512 lo23 = _mm512_shuffle_f32x4(t[8 + j], t[12 + j], 0x44);
+    const __m512 hi23 = _mm512_shuffle_f32x4(t[8 + j], t[12 + j], 0xEE);
+    _mm512_storeu_ps(dst + (0 + j) * dst_stride, _mm512_shuffle_f32x4(lo01, lo23, 0x88));
+    _mm512_storeu_ps(dst + (4 + j) * dst_stride, _mm512_shuffle_f32x4(lo01, lo23, 0xDD));
+    _mm512_storeu_ps(dst + (8 + j) * dst_stride, _mm512_shuffle_f32x4(hi01, hi23, 0x88));
+    _mm512_storeu_ps(dst + (12 + j) * dst_stride, _mm512_shuffle_f32x4(hi01, hi23, 0xDD));
+  }
+}
+
+// PackUnit for dim a multiple of 16, the same operations in the same order: the norm's four
+// chains as one 4-wide double vector, the per-block sums as double vectors, and the unit rows
+// staged in slot order and written to the blocked layout as 16 x 16 transposed tiles.
+__attribute__((target("avx512f"))) void PackUnitAvx512(const float* points, int32_t n, int32_t dim,
+                                                       FpsScratch* scratch) {
+  if (dim % 16 != 0) return PackUnit(points, n, dim, scratch);
+  const int32_t* slot = scratch->slot_of.data();
+  const auto slots = static_cast<int32_t>(scratch->first.size());
+  double* sum = scratch->sum.data();
+  std::vector<double>& part = scratch->part;
+  part.resize(dim);
+  AlignedFloats& staged = scratch->staged;
+  staged.resize(static_cast<size_t>(Padded(slots)) * dim);
+  std::fill(staged.begin() + static_cast<ptrdiff_t>(slots) * dim, staged.end(), 0.0f);
+  std::fill_n(sum, dim, 0.0);
+  alignas(64) double sq[kBlock];
+  alignas(64) float inv[kBlock];
+  for (int32_t b = 0; b * kBlock < n; ++b) {
+    const int32_t i0 = b * kBlock, rows = std::min(n - i0, kBlock);
+    // Squared norms first, four rows at a time (four independent chains in flight), then
+    // 1 / sqrt eight rows at a time (both correctly rounded, as the scalar code's), then the
+    // unit rows.
+    for (int32_t r = 0; r < rows; r += 4) {
+      const int32_t k = std::min(4, rows - r);
+      const float* p[4];
+      for (int32_t j = 0; j < 4; ++j) {
+        p[j] = points + static_cast<size_t>(i0 + r + std::min(j, k - 1)) * dim;
+      }
+      __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+      for (int32_t d = 0; d < dim; d += 4) {
+        const __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(p[0] + d));
+        const __m256d x1 = _mm256_cvtps_pd(_mm_loadu_ps(p[1] + d));
+        const __m256d x2 = _mm256_cvtps_pd(_mm_loadu_ps(p[2] + d));
+        const __m256d x3 = _mm256_cvtps_pd(_mm_loadu_ps(p[3] + d));
+        a0 = _mm256_add_pd(a0, _mm256_mul_pd(x0, x0));
+        a1 = _mm256_add_pd(a1, _mm256_mul_pd(x1, x1));
+        a2 = _mm256_add_pd(a2, _mm256_mul_pd(x2, x2));
+        a3 = _mm256_add_pd(a3, _mm256_mul_pd(x3, x3));
+      }
+      const __m256d acc[4] = {a0, a1, a2, a3};
+      for (int32_t j = 0; j < k; ++j) {
+        const __m128d lo = _mm256_castpd256_pd128(acc[j]), hi = _mm256_extractf128_pd(acc[j], 1);
+        // (s0 + s1) + (s2 + s3)
+        sq[r + j] = _mm_cvtsd_f64(_mm_add_sd(_mm_add_sd(lo, _mm_unpackhi_pd(lo, lo)),
+                                             _mm_add_sd(hi, _mm_unpackhi_pd(hi, hi))));
+      }
+    }
+    for (int32_t r = 0; r < rows; r += 8) {
+      const __mmask8 live = static_cast<__mmask8>(rows - r >= 8 ? 0xFF : (1u << (rows - r)) - 1);
+      const __m512d x = _mm512_maskz_loadu_pd(live, sq + r);
+      const __mmask8 pos = _mm512_cmp_pd_mask(x, _mm512_setzero_pd(), _CMP_GT_OQ);
+      const __m512d y = _mm512_div_pd(_mm512_set1_pd(1.0), _mm512_sqrt_pd(x));
+      _mm256_storeu_ps(inv + r, _mm512_maskz_cvtpd_ps(pos, y));
+    }
+    // Per 16 dimensions, the block's sum in two 8-wide double registers, rows in order.
+    for (int32_t d = 0; d < dim; d += 16) {
+      __m512d acc_lo = _mm512_setzero_pd(), acc_hi = _mm512_setzero_pd();
+      for (int32_t r = 0; r < rows; ++r) {
+        const __m512 u =
+            _mm512_mul_ps(_mm512_loadu_ps(points + static_cast<size_t>(i0 + r) * dim + d),
+                          _mm512_set1_ps(inv[r]));
+        acc_lo = _mm512_add_pd(acc_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(u)));
+        acc_hi = _mm512_add_pd(
+            acc_hi,
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1))));
+        if (const int32_t to = slot[i0 + r]; to >= 0) {
+          _mm512_storeu_ps(staged.data() + static_cast<size_t>(to) * dim + d, u);
+        }
+      }
+      _mm512_storeu_pd(part.data() + d, acc_lo);
+      _mm512_storeu_pd(part.data() + d + 8, acc_hi);
+    }
+    for (int32_t d = 0; d < dim; ++d) sum[d] += part[d];
+  }
+  float* blocked = scratch->blocked.data();
+  for (int32_t s0 = 0; s0 < Padded(slots); s0 += 16) {
+    float* dst = blocked + static_cast<size_t>(s0 / kBlock) * dim * kBlock + s0 % kBlock;
+    for (int32_t d = 0; d < dim; d += 16) {
+      Transpose16(staged.data() + static_cast<size_t>(s0) * dim + d, dim,
+                  dst + static_cast<size_t>(d) * kBlock, kBlock);
+    }
+  }
+}
+#endif
+
 bool Supported(internal::FpsKernel kernel) {
   switch (kernel) {
     case internal::FpsKernel::kPortable:
@@ -179,12 +367,12 @@ FpsKernels Kernel(internal::FpsKernel kernel) {
   switch (kernel) {
 #if defined(__x86_64__)
     case internal::FpsKernel::kAvx512:
-      return {UpdateAvx512, EqualAvx512};
+      return {UpdateAvx512, EqualAvx512, PackUnitAvx512};
     case internal::FpsKernel::kAvx2:
-      return {UpdateAvx2, EqualAvx2};
+      return {UpdateAvx2, EqualAvx2, PackUnit};
 #endif
     default:
-      return {UpdatePortable, EqualPortable};
+      return {UpdatePortable, EqualPortable, PackUnit};
   }
 }
 
@@ -196,77 +384,61 @@ FpsKernels PickKernels() {
   return Kernel(internal::FpsKernel::kPortable);
 }
 
-// The sum of the unit-normalised `points` ([n, dim]; zero rows stay zero) in double ([dim]):
-// per dimension, each block of 64 points summed in index order, then the blocks in order.
-// Point i with slot[i] >= 0 is also written, unit-normalised, to that slot of `blocked` (the
-// blocked layout: element (s, d) at (s / kBlock) * dim * kBlock + d * kBlock + s % kBlock;
-// the caller zero-fills it).
-void PackUnit(const float* points, int32_t n, int32_t dim, const std::vector<int32_t>& slot,
-              std::vector<float>* blocked, std::vector<double>* sum) {
-  sum->assign(dim, 0.0);
-  std::vector<float> unit(dim);
-  std::vector<double> part(dim);
-  for (int32_t b = 0; b * kBlock < n; ++b) {
-    std::fill(part.begin(), part.end(), 0.0);
-    for (int32_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) {
-      const float* p = points + static_cast<size_t>(i) * dim;
-      // Four independent partial sums of the squared norm (one serial chain is 4x slower).
-      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-      int32_t d = 0;
-      for (; d + 4 <= dim; d += 4) {
-        s0 += static_cast<double>(p[d]) * p[d];
-        s1 += static_cast<double>(p[d + 1]) * p[d + 1];
-        s2 += static_cast<double>(p[d + 2]) * p[d + 2];
-        s3 += static_cast<double>(p[d + 3]) * p[d + 3];
-      }
-      for (; d < dim; ++d) s0 += static_cast<double>(p[d]) * p[d];
-      const double sq = (s0 + s1) + (s2 + s3);
-      const float inv = sq > 0.0 ? static_cast<float>(1.0 / std::sqrt(sq)) : 0.0f;
-      // Separate loops over d so the contiguous ones vectorise; only the scatter is strided.
-      for (d = 0; d < dim; ++d) unit[d] = p[d] * inv;
-      for (d = 0; d < dim; ++d) part[d] += unit[d];
-      if (slot[i] < 0) continue;
-      float* out =
-          blocked->data() + static_cast<size_t>(slot[i] / kBlock) * dim * kBlock + slot[i] % kBlock;
-      for (d = 0; d < dim; ++d) out[static_cast<size_t>(d) * kBlock] = unit[d];
-    }
-    for (int32_t d = 0; d < dim; ++d) (*sum)[d] += part[d];
+// A hash of a row's bits: 16 lanes of 32-bit multiply-xor over the words (one vector per 16
+// words), folded with distinct odd weights. Equal rows hash equal; the table compares rows
+// in full, so the hash only spreads them.
+BKV_MULTIVERSION uint64_t RowHash(const float* p, int32_t dim) {
+  uint32_t lane[16];
+  for (uint32_t l = 0; l < 16; ++l) lane[l] = 0x9E3779B9u * (l + 1);
+  int32_t d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    uint32_t w[16];
+    std::memcpy(w, p + d, sizeof(w));
+    for (int32_t l = 0; l < 16; ++l) lane[l] = (lane[l] ^ w[l]) * 0x85EBCA6Bu;
   }
+  for (; d < dim; ++d) {
+    uint32_t w;
+    std::memcpy(&w, p + d, sizeof(w));
+    lane[d % 16] = (lane[d % 16] ^ w) * 0x85EBCA6Bu;
+  }
+  uint32_t h = 0;
+  for (uint32_t l = 0; l < 16; ++l) h += (lane[l] ^ (lane[l] >> 15)) * (2 * l + 0xC2B2AE35u);
+  const uint64_t x = uint64_t{h} * 0x9E3779B97F4A7C15ull;
+  return x ^ (x >> 29);
 }
 
 // Groups bitwise-equal rows of `points` ([n, dim]): `first` lists the first index of each
-// distinct row (ascending); copies[k] the later indexes equal to row first[k] (ascending).
-// A multiply-add hash of each row's words and an open-addressed table (rows are compared in
-// full on a hash match): a few microseconds for 512 rows of 32, no allocation per row.
-void GroupDuplicates(const float* points, int32_t n, int32_t dim, std::vector<int32_t>* first,
-                     std::vector<std::vector<int32_t>>* copies) {
+// distinct row (ascending); next_copy[i] is the next index after i whose row equals row i
+// (-1 after the last). RowHash and an open-addressed table (rows are compared in full on a
+// hash match): a few microseconds for 512 rows of 32.
+void GroupDuplicates(const float* points, int32_t n, int32_t dim, FpsScratch* s) {
   const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
   auto row = [&](int32_t i) { return points + static_cast<size_t>(i) * dim; };
   size_t cap = 16;
   while (cap < 2 * static_cast<size_t>(n)) cap *= 2;
-  std::vector<int32_t> table(cap, -1);  // distinct group id, -1 = empty
-  std::vector<uint64_t> group_hash;
+  s->table.assign(cap, -1);  // distinct group id, -1 = empty
+  s->first.clear();
+  s->group_hash.clear();
+  s->next_copy.assign(n, -1);
+  std::vector<int32_t>& last = s->picked;  // the latest index of each group (reused below)
+  last.clear();
+  const int shift = 64 - std::countr_zero(cap);
   for (int32_t i = 0; i < n; ++i) {
-    uint64_t h = 0;
     const float* p = row(i);
-    for (int32_t d = 0; d < dim; ++d) {
-      uint32_t w;
-      std::memcpy(&w, p + d, sizeof(w));
-      h += (uint64_t{w} + 1) * (0x9E3779B97F4A7C15ull + 2 * static_cast<uint64_t>(d));
-    }
-    h ^= h >> 29;
-    size_t at = static_cast<size_t>(h * 0xBF58476D1CE4E5B9ull) & (cap - 1);
+    const uint64_t h = RowHash(p, dim);
+    size_t at = static_cast<size_t>((h * 0xBF58476D1CE4E5B9ull) >> shift);
     for (;; at = (at + 1) & (cap - 1)) {
-      const int32_t g = table[at];
+      const int32_t g = s->table[at];
       if (g < 0) {
-        table[at] = static_cast<int32_t>(first->size());
-        first->push_back(i);
-        copies->emplace_back();
-        group_hash.push_back(h);
+        s->table[at] = static_cast<int32_t>(s->first.size());
+        s->first.push_back(i);
+        last.push_back(i);
+        s->group_hash.push_back(h);
         break;
       }
-      if (group_hash[g] == h && std::memcmp(row((*first)[g]), p, row_bytes) == 0) {
-        (*copies)[g].push_back(i);
+      if (s->group_hash[g] == h && std::memcmp(row(s->first[g]), p, row_bytes) == 0) {
+        s->next_copy[last[g]] = i;
+        last[g] = i;
         break;
       }
     }
@@ -309,43 +481,50 @@ std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32
   // picked first, the pass after it gives the rest 1 - cos(u, u), and each later copy is
   // picked when that is the largest distance left (ties again to the earliest point). Their
   // picks then need no pass: a copy's cosines were all applied with the first one.
-  std::vector<int32_t> first;
-  std::vector<std::vector<int32_t>> copies;
+  static thread_local FpsScratch scratch;
+  FpsScratch& s = scratch;
   if (dedupe) {
-    GroupDuplicates(points, n, dim, &first, &copies);
+    GroupDuplicates(points, n, dim, &s);
   } else {
-    first.resize(n);
-    std::iota(first.begin(), first.end(), 0);
-    copies.resize(n);
+    s.first.resize(n);
+    std::iota(s.first.begin(), s.first.end(), 0);
+    s.next_copy.assign(n, -1);
   }
-  const auto m = static_cast<int32_t>(first.size());  // slots
+  const auto m = static_cast<int32_t>(s.first.size());  // slots
   const int32_t stride = Padded(m);
-  std::vector<int32_t> slot_of(n, -1);
-  for (int32_t k = 0; k < m; ++k) slot_of[first[k]] = k;
-  std::vector<float> blocked(static_cast<size_t>(stride) * dim, 0.0f);
-  std::vector<double> sum;
-  PackUnit(points, n, dim, slot_of, &blocked, &sum);
+  s.slot_of.assign(n, -1);
+  for (int32_t k = 0; k < m; ++k) s.slot_of[s.first[k]] = k;
+  s.blocked.resize(static_cast<size_t>(stride) * dim);  // the pack fills every element
+  s.sum.assign(dim, 0.0);
+  fn.pack(points, n, dim, &s);
+  float* blocked = s.blocked.data();
   auto at = [&](int32_t i, int32_t d) -> float& {
     return blocked[static_cast<size_t>(i / kBlock) * dim * kBlock +
                    static_cast<size_t>(d) * kBlock + i % kBlock];
   };
   constexpr float kChosen = -1.0f;
-  std::vector<float> min_dist(stride, kChosen);
-  float* md = min_dist.data();
-  std::vector<float> v(dim, 0.0f);
+  s.min_dist.assign(stride, kChosen);
+  float* md = s.min_dist.data();
+  s.v.assign(dim, 0.0f);
+  float* v = s.v.data();
   // The slots still holding an unchosen point are the first `active`; a slot whose points are
   // all chosen is swapped to the end of that range (slot order is then no longer index order:
   // `index` maps a slot to its next point, `group` to its row group), so each pass covers only
   // the points that can still be picked and the work per draw falls from count * n to about
   // count * (n - count / 2) cosines.
-  std::vector<int32_t> index(stride, 0), group(stride, 0), picked(m, 0);
-  for (int32_t k = 0; k < m; ++k) index[k] = first[k], group[k] = k;
+  s.index.assign(stride, 0);
+  s.group.assign(stride, 0);
+  s.picked.assign(m, 0);
+  int32_t* index = s.index.data();
+  int32_t* group = s.group.data();
+  for (int32_t k = 0; k < m; ++k) index[k] = s.first[k], group[k] = k;
   int32_t active = m;
   // The slot holding the pick: among the active slots whose distance is `far`, the one of
   // the earliest point (the tie rule). One vector compare per 16 slots finds them.
-  std::vector<uint64_t> eq(stride / kBlock, 0);
+  s.eq.assign(stride / kBlock, 0);
+  uint64_t* eq = s.eq.data();
   auto pick_at = [&](float far) {
-    fn.equal(md, active, far, eq.data());
+    fn.equal(md, active, far, eq);
     int32_t best = -1;
     for (int32_t b = 0; b * kBlock < active; ++b) {
       for (uint64_t bits = eq[b]; bits != 0; bits &= bits - 1) {
@@ -360,12 +539,12 @@ std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32
   // Seed: the point farthest from the direction of the mean of the unit vectors, found with
   // the same pass as a pick (min_dist starts at 2, so it becomes 1 - cos).
   double sq = 0.0;
-  for (double x : sum) sq += x * x;
+  for (double x : s.sum) sq += x * x;
   if (sq > 0.0) {
-    for (int32_t d = 0; d < dim; ++d) v[d] = static_cast<float>(sum[d] / std::sqrt(sq));
+    for (int32_t d = 0; d < dim; ++d) v[d] = static_cast<float>(s.sum[d] / std::sqrt(sq));
   }
   std::fill_n(md, m, 2.0f);
-  float far = fn.update(blocked.data(), m, dim, v.data(), md);
+  float far = fn.update(blocked, m, dim, v, md);
   int32_t slot = pick_at(far);
   std::fill_n(md, m, 2.0f);
 
@@ -374,13 +553,14 @@ std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32
   for (;;) {
     order.push_back(index[slot]);
     const int32_t k = group[slot];
-    const bool first_pick = picked[k]++ == 0;
+    const bool first_pick = s.picked[k] == 0;
+    s.picked[k] = 1;
     if (is_copy != nullptr) is_copy->push_back(first_pick ? 0 : 1);
     if (first_pick) {
       for (int32_t d = 0; d < dim; ++d) v[d] = at(slot, d);
     }
-    if (picked[k] <= static_cast<int32_t>(copies[k].size())) {
-      index[slot] = copies[k][picked[k] - 1];  // the next copy waits in the same slot
+    if (const int32_t next = s.next_copy[index[slot]]; next >= 0) {
+      index[slot] = next;  // the next copy waits in the same slot
     } else {
       --active;
       if (slot != active) {
@@ -392,10 +572,33 @@ std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32
       md[active] = kChosen;  // stays inside the last block's pass: -1 never wins the max
     }
     if (static_cast<int32_t>(order.size()) == count) break;
-    far = first_pick ? fn.update(blocked.data(), active, dim, v.data(), md) : MaxOf(md, active);
+    far = first_pick ? fn.update(blocked, active, dim, v, md) : MaxOf(md, active);
     slot = pick_at(far);
   }
   return order;
+}
+
+void FpsPack(const float* points, int32_t n, int32_t dim, FpsKernel kernel,
+             std::vector<float>* unit, std::vector<double>* sum) {
+  BKV_CHECK(n >= 1 && FpsKernelSupported(kernel));
+  const FpsKernels fn = kernel == FpsKernel::kAuto ? PickKernels() : Kernel(kernel);
+  FpsScratch s;
+  GroupDuplicates(points, n, dim, &s);
+  const auto m = static_cast<int32_t>(s.first.size());
+  s.slot_of.assign(n, -1);
+  for (int32_t k = 0; k < m; ++k) s.slot_of[s.first[k]] = k;
+  s.blocked.resize(static_cast<size_t>(Padded(m)) * dim);
+  s.sum.assign(dim, 0.0);
+  fn.pack(points, n, dim, &s);
+  unit->resize(static_cast<size_t>(m) * dim);
+  for (int32_t k = 0; k < m; ++k) {
+    for (int32_t d = 0; d < dim; ++d) {
+      (*unit)[static_cast<size_t>(k) * dim + d] =
+          s.blocked[static_cast<size_t>(k / kBlock) * dim * kBlock +
+                    static_cast<size_t>(d) * kBlock + k % kBlock];
+    }
+  }
+  *sum = s.sum;
 }
 
 }  // namespace internal

@@ -34,6 +34,11 @@ bool FpsKernelSupported(FpsKernel kernel);
 std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32_t count,
                               FpsKernel kernel, bool dedupe = true,
                               std::vector<uint8_t>* is_copy = nullptr);
+// What a kernel packs before the passes: the unit vectors of the distinct rows of `points`
+// (first occurrences, in index order; [distinct, dim]) and the sum of all n unit vectors. For
+// tests: every kernel must give the same bits.
+void FpsPack(const float* points, int32_t n, int32_t dim, FpsKernel kernel,
+             std::vector<float>* unit, std::vector<double>* sum);
 
 }  // namespace internal
 

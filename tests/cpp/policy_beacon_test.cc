@@ -3,6 +3,7 @@
 // key only the planted cluster attends to survives under beacon but not under snapkv.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -189,6 +190,92 @@ TEST(CosineFpsTest, SharingSlotsAmongCopiesGivesTheSameOrdering) {
       }
     }
   }
+}
+
+// The kernels also pack the points differently (AVX-512: vector norms and 16 x 16 transposed
+// tiles, for dims that are multiples of 16); the unit vectors and their sum must be the same
+// bits, and so the orderings. Rows of very different norms, zero rows, copies and near-copies,
+// sizes that leave partial tiles and blocks.
+TEST(CosineFpsTest, EveryKernelPacksTheSameUnitVectors) {
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> exponent(-18.0f, 18.0f);
+  for (const int32_t d : {16, 32, 48, 128, 20}) {
+    for (const int32_t n : {1, 15, 97, 300}) {
+      SCOPED_TRACE(::testing::Message() << "n " << n << " d " << d);
+      std::vector<std::vector<float>> rows;
+      for (int32_t i = 0; i < n; ++i) {
+        const uint32_t kind = rng() % 5;
+        if (kind == 0 || rows.empty()) {
+          rows.push_back(Near(rng, Unit(rng, d), 0.0f, std::pow(10.0f, exponent(rng))));
+        } else if (kind == 1) {
+          rows.push_back(rows[rng() % rows.size()]);
+        } else if (kind == 2) {
+          rows.push_back(Near(rng, rows[rng() % rows.size()], 1e-5f, 1.0f));
+        } else if (kind == 3) {
+          rows.emplace_back(d, 0.0f);
+        } else {
+          rows.push_back(Unit(rng, d));
+        }
+      }
+      std::vector<float> pts;
+      for (const auto& r : rows) pts.insert(pts.end(), r.begin(), r.end());
+      std::vector<float> want_unit, unit;
+      std::vector<double> want_sum, sum;
+      internal::FpsPack(pts.data(), n, d, internal::FpsKernel::kPortable, &want_unit, &want_sum);
+      for (auto k : {internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512}) {
+        if (!internal::FpsKernelSupported(k)) continue;
+        internal::FpsPack(pts.data(), n, d, k, &unit, &sum);
+        ASSERT_EQ(unit.size(), want_unit.size());
+        EXPECT_EQ(std::memcmp(unit.data(), want_unit.data(), unit.size() * sizeof(float)), 0)
+            << "unit vectors, kernel " << static_cast<int>(k);
+        EXPECT_EQ(std::memcmp(sum.data(), want_sum.data(), sum.size() * sizeof(double)), 0)
+            << "sum, kernel " << static_cast<int>(k);
+      }
+      for (const bool dedupe : {true, false}) {
+        std::vector<uint8_t> want_copy;
+        const std::vector<int32_t> want = internal::FpsOrder(
+            pts.data(), n, d, n, internal::FpsKernel::kPortable, dedupe, &want_copy);
+        for (auto k : {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2,
+                       internal::FpsKernel::kAvx512}) {
+          if (!internal::FpsKernelSupported(k)) continue;
+          std::vector<uint8_t> is_copy;
+          EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, n, k, dedupe, &is_copy), want)
+              << "kernel " << static_cast<int>(k) << " dedupe " << dedupe;
+          EXPECT_EQ(is_copy, want_copy);
+        }
+      }
+    }
+  }
+}
+
+// A draw keeps its working memory for the next one on the same thread: draws of other sizes
+// and dims in between leave no trace in a later draw's result.
+TEST(CosineFpsTest, DrawsDoNotDependOnEarlierDraws) {
+  std::mt19937 rng(37);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto points = [&](int32_t n, int32_t d) {
+    std::vector<float> p(static_cast<size_t>(n) * d);
+    for (float& x : p) x = normal(rng);
+    for (int32_t i = 1; i < n; i += 3) {  // some copies
+      std::copy_n(p.begin() + static_cast<ptrdiff_t>(i - 1) * d, d,
+                  p.begin() + static_cast<ptrdiff_t>(i) * d);
+    }
+    return p;
+  };
+  const std::vector<float> big = points(512, 32), small = points(40, 32), wide = points(70, 128);
+  const std::vector<int32_t> big_first = CosineFarthestPointOrder(big.data(), 512, 32, 256);
+  const std::vector<int32_t> small_first = CosineFarthestPointOrder(small.data(), 40, 32, 40);
+  const std::vector<int32_t> wide_first = CosineFarthestPointOrder(wide.data(), 70, 128, 33);
+  EXPECT_EQ(CosineFarthestPointOrder(big.data(), 512, 32, 256), big_first);
+  EXPECT_EQ(CosineFarthestPointOrder(small.data(), 40, 32, 40), small_first);
+  EXPECT_EQ(CosineFarthestPointOrder(big.data(), 512, 32, 256), big_first);
+  EXPECT_EQ(CosineFarthestPointOrder(wide.data(), 70, 128, 33), wide_first);
+  EXPECT_EQ(CosineFarthestPointOrder(small.data(), 40, 32, 40), small_first);
+  // ... and equal the portable kernel's orderings, each drawn once.
+  EXPECT_EQ(internal::FpsOrder(small.data(), 40, 32, 40, internal::FpsKernel::kPortable),
+            small_first);
+  EXPECT_EQ(internal::FpsOrder(wide.data(), 70, 128, 33, internal::FpsKernel::kPortable),
+            wide_first);
 }
 
 // Beacons leave out exact copies of a beacon: the rows are the distinct points among the
