@@ -274,6 +274,9 @@ __attribute__((target("avx512f"))) void PackUnitAvx512(const float* points, int3
   part.resize(dim);
   AlignedFloats& staged = scratch->staged;
   staged.resize(static_cast<size_t>(Padded(slots)) * dim);
+  // The padding rows become the passes' padding slots and must be zero: the scratch is reused,
+  // so they would otherwise hold an earlier draw's rows (and a NaN among them would pass
+  // through the passes' min / max).
   std::fill(staged.begin() + static_cast<ptrdiff_t>(slots) * dim, staged.end(), 0.0f);
   std::fill_n(sum, dim, 0.0);
   alignas(64) double sq[kBlock];
