@@ -24,6 +24,12 @@ constexpr int32_t kBlock = 64;
 
 int32_t Padded(int32_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
 
+// Where element (slot, d) of the blocked layout sits: blocks of kBlock slots, each [dim][kBlock].
+size_t BlockedAt(int32_t slot, int32_t d, int32_t dim) {
+  return static_cast<size_t>(slot / kBlock) * dim * kBlock + static_cast<size_t>(d) * kBlock +
+         slot % kBlock;
+}
+
 // One pass over the first Padded(n) slots: min_dist = min(min_dist, 1 - cos(point, v)), cos =
 // the FMA chain over d of unit[d] * v[d] (d = 0, 1, ...); returns the largest min_dist.
 // min_dist is padded to whole blocks; padding and chosen points hold -1, below every
@@ -172,7 +178,7 @@ float UpdatePortable(const float* blocked, int32_t n, int32_t dim, const float* 
                      float* min_dist) {
   float far = -1.0f;
   for (int32_t i = 0; i < Padded(n); ++i) {
-    const float* col = blocked + static_cast<size_t>(i / kBlock) * dim * kBlock + i % kBlock;
+    const float* col = blocked + BlockedAt(i, 0, dim);
     float acc = 0.0f;
     for (int32_t d = 0; d < dim; ++d)
       acc = std::fma(col[static_cast<size_t>(d) * kBlock], v[d], acc);
@@ -193,10 +199,9 @@ void EqualPortable(const float* min_dist, int32_t n, float value, uint64_t* eq) 
 // The sum of the unit-normalised `points` ([n, dim]; zero rows stay zero) in double ([dim]):
 // per dimension, each block of 64 points summed in index order, then the blocks in order.
 // Point i with slot_of[i] >= 0 is also written, unit-normalised, to that slot of `blocked`
-// (the blocked layout: element (s, d) at (s / kBlock) * dim * kBlock + d * kBlock + s %
-// kBlock; the caller sizes it, slots no point fills are zeroed here). A row's squared norm is four
-// double partial sums, s[j] over d = j mod 4, added as (s0 + s1) + (s2 + s3); the products
-// are exact in double, so every path below (fused or not) gives the same bits.
+// (BlockedAt; the caller sizes it, slots no point fills are zeroed here). A row's squared norm is
+// four double partial sums, s[j] over d = j mod 4, added as (s0 + s1) + (s2 + s3); the products are
+// exact in double, so every path below (fused or not) gives the same bits.
 void PackUnit(const float* points, int32_t n, int32_t dim, FpsScratch* scratch) {
   const int32_t* slot = scratch->slot_of.data();
   float* blocked = scratch->blocked.data();
@@ -222,8 +227,7 @@ void PackUnit(const float* points, int32_t n, int32_t dim, FpsScratch* scratch) 
       for (d = 0; d < dim; ++d) unit[d] = p[d] * inv;
       for (d = 0; d < dim; ++d) part[d] += unit[d];
       if (slot[i] < 0) continue;
-      float* out =
-          blocked + static_cast<size_t>(slot[i] / kBlock) * dim * kBlock + slot[i] % kBlock;
+      float* out = blocked + BlockedAt(slot[i], 0, dim);
       for (d = 0; d < dim; ++d) out[static_cast<size_t>(d) * kBlock] = unit[d];
     }
     for (int32_t d = 0; d < dim; ++d) sum[d] += part[d];
@@ -340,7 +344,7 @@ __attribute__((target("avx512f"))) void PackUnitAvx512(const float* points, int3
   }
   float* blocked = scratch->blocked.data();
   for (int32_t s0 = 0; s0 < Padded(slots); s0 += 16) {
-    float* dst = blocked + static_cast<size_t>(s0 / kBlock) * dim * kBlock + s0 % kBlock;
+    float* dst = blocked + BlockedAt(s0, 0, dim);
     for (int32_t d = 0; d < dim; d += 16) {
       Transpose16(staged.data() + static_cast<size_t>(s0) * dim + d, dim,
                   dst + static_cast<size_t>(d) * kBlock, kBlock);
@@ -448,6 +452,27 @@ void GroupDuplicates(const float* points, int32_t n, int32_t dim, FpsScratch* s)
   }
 }
 
+// The set-up of a draw: groups the copies (each distinct row one slot, in index order; with
+// dedupe off every row its own slot), then packs the unit vectors and their sum with `pack`.
+// Returns the number of slots.
+int32_t PackSlots(const float* points, int32_t n, int32_t dim, bool dedupe, PackFn pack,
+                  FpsScratch* s) {
+  if (dedupe) {
+    GroupDuplicates(points, n, dim, s);
+  } else {
+    s->first.resize(n);
+    std::iota(s->first.begin(), s->first.end(), 0);
+    s->next_copy.assign(n, -1);
+  }
+  const auto m = static_cast<int32_t>(s->first.size());
+  s->slot_of.assign(n, -1);
+  for (int32_t k = 0; k < m; ++k) s->slot_of[s->first[k]] = k;
+  s->blocked.resize(static_cast<size_t>(Padded(m)) * dim);  // the pack fills every element
+  s->sum.assign(dim, 0.0);
+  pack(points, n, dim, s);
+  return m;
+}
+
 BKV_MULTIVERSION float MaxOf(const float* x, int32_t n) {
   float lanes[16];
   std::fill(lanes, lanes + 16, -1.0f);
@@ -486,25 +511,10 @@ std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32
   // picks then need no pass: a copy's cosines were all applied with the first one.
   static thread_local FpsScratch scratch;
   FpsScratch& s = scratch;
-  if (dedupe) {
-    GroupDuplicates(points, n, dim, &s);
-  } else {
-    s.first.resize(n);
-    std::iota(s.first.begin(), s.first.end(), 0);
-    s.next_copy.assign(n, -1);
-  }
-  const auto m = static_cast<int32_t>(s.first.size());  // slots
+  const int32_t m = PackSlots(points, n, dim, dedupe, fn.pack, &s);  // slots
   const int32_t stride = Padded(m);
-  s.slot_of.assign(n, -1);
-  for (int32_t k = 0; k < m; ++k) s.slot_of[s.first[k]] = k;
-  s.blocked.resize(static_cast<size_t>(stride) * dim);  // the pack fills every element
-  s.sum.assign(dim, 0.0);
-  fn.pack(points, n, dim, &s);
   float* blocked = s.blocked.data();
-  auto at = [&](int32_t i, int32_t d) -> float& {
-    return blocked[static_cast<size_t>(i / kBlock) * dim * kBlock +
-                   static_cast<size_t>(d) * kBlock + i % kBlock];
-  };
+  auto at = [&](int32_t i, int32_t d) -> float& { return blocked[BlockedAt(i, d, dim)]; };
   constexpr float kChosen = -1.0f;
   s.min_dist.assign(stride, kChosen);
   float* md = s.min_dist.data();
@@ -586,19 +596,11 @@ void FpsPack(const float* points, int32_t n, int32_t dim, FpsKernel kernel,
   BKV_CHECK(n >= 1 && FpsKernelSupported(kernel));
   const FpsKernels fn = kernel == FpsKernel::kAuto ? PickKernels() : Kernel(kernel);
   FpsScratch s;
-  GroupDuplicates(points, n, dim, &s);
-  const auto m = static_cast<int32_t>(s.first.size());
-  s.slot_of.assign(n, -1);
-  for (int32_t k = 0; k < m; ++k) s.slot_of[s.first[k]] = k;
-  s.blocked.resize(static_cast<size_t>(Padded(m)) * dim);
-  s.sum.assign(dim, 0.0);
-  fn.pack(points, n, dim, &s);
+  const int32_t m = PackSlots(points, n, dim, /*dedupe=*/true, fn.pack, &s);
   unit->resize(static_cast<size_t>(m) * dim);
   for (int32_t k = 0; k < m; ++k) {
     for (int32_t d = 0; d < dim; ++d) {
-      (*unit)[static_cast<size_t>(k) * dim + d] =
-          s.blocked[static_cast<size_t>(k / kBlock) * dim * kBlock +
-                    static_cast<size_t>(d) * kBlock + k % kBlock];
+      (*unit)[static_cast<size_t>(k) * dim + d] = s.blocked[BlockedAt(k, d, dim)];
     }
   }
   *sum = s.sum;
