@@ -15,30 +15,32 @@
 namespace beaconkv {
 
 // The first `count` indexes (count <= n) of the cosine farthest-point ordering of
-// `points` ([n, dim]). Seed: the point with the largest cosine distance to the mean of the
-// unit-normalised points; then repeatedly the point whose smallest cosine distance to the
-// points already chosen is largest. Ties go to the earliest index. Zero vectors count as
-// orthogonal to everything. Each cosine is one float FMA chain over d of the unit vectors,
-// the same on every ISA, so the ordering does not depend on the machine.
+// `points` ([n, dim], 1 <= dim <= 4096). Cosines are integer dot products of the unit vectors
+// quantised to 16 bits (q = round(u * 2^14); 2^28 cos ≈ q_a . q_b, exact), so the ordering
+// is the same on every machine and on the GPU. Seed: the point with the largest distance
+// (2^28 - q . q_mean) to the mean of the unit-normalised points (normalised, then quantised
+// the same way); then repeatedly the point whose smallest distance to the points already
+// chosen is largest. Ties go to the earliest index. Zero vectors count as orthogonal to
+// everything.
 std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, int32_t dim,
                                               int32_t count);
 
 namespace internal {
 
-// Which implementation of the FPS pass to run; every one computes the same FMA chains, so the
-// ordering is the same. kAuto: the fastest this machine supports. dedupe: exact duplicate
-// rows share one slot (the same ordering, fewer cosines); off only to test that. is_copy
+// Which implementation of the FPS pass to run; integer dot products are exact, so every one
+// gives the same ordering. kAuto: the fastest this machine supports. dedupe: exact duplicate
+// rows share one slot (the same ordering, fewer dot products); off only to test that. is_copy
 // (optional, needs dedupe): is_copy[j] = 1 when order[j] is bitwise equal to an earlier pick.
-enum class FpsKernel { kAuto, kPortable, kAvx2, kAvx512 };
+enum class FpsKernel { kAuto, kPortable, kAvx2, kAvx512, kAvx512Vnni };
 bool FpsKernelSupported(FpsKernel kernel);
 std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32_t count,
                               FpsKernel kernel, bool dedupe = true,
                               std::vector<uint8_t>* is_copy = nullptr);
-// What a kernel packs before the passes: the unit vectors of the distinct rows of `points`
-// (first occurrences, in index order; [distinct, dim]) and the sum of all n unit vectors. For
-// tests: every kernel must give the same bits.
+// What a kernel packs before the passes: the quantised unit vectors of the distinct rows of
+// `points` (first occurrences, in index order; [distinct, dim]) and the sum of all n unit
+// vectors (unquantised, in double). For tests: every kernel must give the same bits.
 void FpsPack(const float* points, int32_t n, int32_t dim, FpsKernel kernel,
-             std::vector<float>* unit, std::vector<double>* sum);
+             std::vector<int16_t>* quantised, std::vector<double>* sum);
 
 }  // namespace internal
 

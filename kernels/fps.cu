@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <climits>
 #include <cub/block/block_reduce.cuh>
 
 #include "kernels/fps.h"
@@ -9,12 +10,15 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kMaxPoints = 4096;
 constexpr int kMaxDim = 256;
-constexpr int kCpuBlock = 64;  // core's FPS sums the mean direction 64 points at a time
-constexpr float kChosen = -1.0f;
+constexpr int kCpuBlock = 64;            // core's FPS sums the mean direction 64 points at a time
+constexpr float kQuantScale = 16384.0f;  // unit vectors quantised to round(u * 2^14)
+constexpr int32_t kUnitDot = int32_t{1} << 28;  // q . q of a unit vector
+constexpr int32_t kChosen = INT32_MIN;          // below every distance
+constexpr int32_t kFar = INT32_MAX;             // before the first pick
 
 // A candidate pick: larger distance wins, ties go to the earlier point (core's rule).
 struct Candidate {
-  float dist;
+  int32_t dist;
   int32_t index;
 };
 
@@ -24,29 +28,33 @@ struct Farther {
   }
 };
 
-// 1 - cos(unit point i, v): the float FMA chain over d that core computes.
-__device__ float Distance(const float* unit, int32_t stride, int32_t i, const float* v,
-                          int32_t dim) {
-  float acc = 0.0f;
-  for (int32_t d = 0; d < dim; ++d) acc = __fmaf_rn(unit[int64_t{d} * stride + i], v[d], acc);
-  return __fsub_rn(1.0f, acc);
+// 2^28 - q_i . v: core's distance, an exact integer dot product of the quantised unit vectors.
+__device__ int32_t Distance(const int16_t* quant, int32_t stride, int32_t i, const int32_t* v,
+                            int32_t dim) {
+  int32_t acc = 0;
+  for (int32_t d = 0; d < dim; ++d) acc += int32_t{quant[int64_t{d} * stride + i]} * v[d];
+  return kUnitDot - acc;
 }
 
-// One thread block per buffer. Unit vectors go to scratch transposed ([dim][max_points], so a
-// pass reads them coalesced); the smallest distance to the chosen points lives in shared
-// memory; each pick is one pass plus a block-wide arg-max. Double sums use __dadd_rn /
-// __dmul_rn so nvcc cannot contract them into FMAs the CPU does not do.
+__device__ int32_t Quantise(float u) { return __float2int_rn(__fmul_rn(u, kQuantScale)); }
+
+// One thread block per buffer. Unit vectors (float, for the mean) and their quantised form go
+// to scratch transposed ([dim][max_points], so a pass reads them coalesced); the smallest
+// distance to the chosen points lives in shared memory; each pick is one pass plus a
+// block-wide arg-max. Double sums use __dadd_rn / __dmul_rn so nvcc cannot contract them into
+// FMAs the CPU does not do.
 __global__ void __launch_bounds__(kThreads)
     FpsKernel(const float* __restrict__ points, const int32_t* __restrict__ n_of,
               const int32_t* __restrict__ count_of, int32_t max_points, int32_t dim,
-              int32_t max_count, float* __restrict__ unit_all, int32_t* __restrict__ order) {
+              int32_t max_count, float* __restrict__ unit_all, int16_t* __restrict__ quant_all,
+              int32_t* __restrict__ order) {
   using Reduce = cub::BlockReduce<Candidate, kThreads>;
   __shared__ typename Reduce::TempStorage reduce_storage;
   __shared__ double sum[kMaxDim];
-  __shared__ float v[kMaxDim];
+  __shared__ int32_t v[kMaxDim];
   __shared__ double root;
   __shared__ int32_t pick;
-  extern __shared__ float min_dist[];  // [max_points]
+  extern __shared__ int32_t min_dist[];  // [max_points]
 
   const int32_t s = blockIdx.x, tid = threadIdx.x;
   const int32_t n = n_of[s], count = count_of[s];
@@ -59,6 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   if (count == 0) return;
   const float* p = points + int64_t{s} * max_points * dim;
   float* unit = unit_all + int64_t{s} * max_points * dim;
+  int16_t* quant = quant_all + int64_t{s} * max_points * dim;
 
   // Unit vectors: squared norm in double from four interleaved partial sums, as core packs.
   for (int32_t i = tid; i < n; i += kThreads) {
@@ -74,7 +83,11 @@ __global__ void __launch_bounds__(kThreads)
     for (; d < dim; ++d) s0 = __dadd_rn(s0, __dmul_rn(row[d], row[d]));
     const double sq = __dadd_rn(__dadd_rn(s0, s1), __dadd_rn(s2, s3));
     const float inv = sq > 0.0 ? __double2float_rn(__ddiv_rn(1.0, __dsqrt_rn(sq))) : 0.0f;
-    for (d = 0; d < dim; ++d) unit[int64_t{d} * max_points + i] = __fmul_rn(row[d], inv);
+    for (d = 0; d < dim; ++d) {
+      const float u = __fmul_rn(row[d], inv);
+      unit[int64_t{d} * max_points + i] = u;
+      quant[int64_t{d} * max_points + i] = static_cast<int16_t>(Quantise(u));
+    }
   }
   __syncthreads();
 
@@ -98,16 +111,16 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   for (int32_t d = tid; d < dim; d += kThreads) {
-    v[d] = root > 0.0 ? __double2float_rn(__ddiv_rn(sum[d], root)) : 0.0f;
+    v[d] = root > 0.0 ? Quantise(__double2float_rn(__ddiv_rn(sum[d], root))) : 0;
   }
   __syncthreads();
 
-  // Seed pick: the point farthest from the mean direction (distances start at 2).
-  Candidate best{-2.0f, 0x7fffffff};
+  // Seed pick: the point farthest from the mean direction (distances start at kFar).
+  Candidate best{kChosen, 0x7fffffff};
   for (int32_t i = tid; i < n; i += kThreads) {
-    const Candidate c{fminf(2.0f, Distance(unit, max_points, i, v, dim)), i};
+    const Candidate c{min(kFar, Distance(quant, max_points, i, v, dim)), i};
     best = Farther()(best, c);
-    min_dist[i] = 2.0f;
+    min_dist[i] = kFar;
   }
   best = Reduce(reduce_storage).Reduce(best, Farther());
   if (tid == 0) pick = best.index;
@@ -115,17 +128,17 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int32_t k = 0;; ++k) {
     const int32_t chosen = pick;
-    for (int32_t d = tid; d < dim; d += kThreads) v[d] = unit[int64_t{d} * max_points + chosen];
+    for (int32_t d = tid; d < dim; d += kThreads) v[d] = quant[int64_t{d} * max_points + chosen];
     if (tid == 0) {
       out[k] = chosen;
       min_dist[chosen] = kChosen;
     }
     __syncthreads();
     if (k + 1 == count) break;
-    best = Candidate{-2.0f, 0x7fffffff};
+    best = Candidate{kChosen, 0x7fffffff};
     for (int32_t i = tid; i < n; i += kThreads) {
       if (min_dist[i] == kChosen) continue;
-      const float m = fminf(min_dist[i], Distance(unit, max_points, i, v, dim));
+      const int32_t m = min(min_dist[i], Distance(quant, max_points, i, v, dim));
       min_dist[i] = m;
       best = Farther()(best, Candidate{m, i});
     }
@@ -145,7 +158,9 @@ bool ValidShape(const FpsShape& s) {
 
 size_t FarthestPointScratchBytes(const FpsShape& shape) {
   if (!ValidShape(shape)) return 0;
-  return static_cast<size_t>(shape.num_segments) * shape.max_points * shape.dim * sizeof(float);
+  // The float unit vectors, then their quantised copies.
+  return static_cast<size_t>(shape.num_segments) * shape.max_points * shape.dim *
+         (sizeof(float) + sizeof(int16_t));
 }
 
 cudaError_t FarthestPointOrder(const float* points, const int32_t* n, const int32_t* count,
@@ -153,10 +168,12 @@ cudaError_t FarthestPointOrder(const float* points, const int32_t* n, const int3
                                cudaStream_t stream) {
   if (!ValidShape(shape)) return cudaErrorInvalidValue;
   if (shape.num_segments == 0 || shape.max_count == 0) return cudaSuccess;
-  const size_t smem = static_cast<size_t>(std::max(shape.max_points, 1)) * sizeof(float);
-  FpsKernel<<<shape.num_segments, kThreads, smem, stream>>>(points, n, count, shape.max_points,
-                                                            shape.dim, shape.max_count,
-                                                            static_cast<float*>(scratch), order);
+  const size_t smem = static_cast<size_t>(std::max(shape.max_points, 1)) * sizeof(int32_t);
+  auto* unit = static_cast<float*>(scratch);
+  auto* quant = reinterpret_cast<int16_t*>(unit + static_cast<size_t>(shape.num_segments) *
+                                                      shape.max_points * shape.dim);
+  FpsKernel<<<shape.num_segments, kThreads, smem, stream>>>(
+      points, n, count, shape.max_points, shape.dim, shape.max_count, unit, quant, order);
   return cudaGetLastError();
 }
 

@@ -15,12 +15,14 @@ struct FpsShape {
   int32_t max_count = 0;     // columns of `order` (count[s] <= max_count)
 };
 
-// Bytes of device scratch FarthestPointOrder needs for `shape` (the unit vectors).
+// Bytes of device scratch FarthestPointOrder needs for `shape` (the unit vectors, float and
+// quantised).
 size_t FarthestPointScratchBytes(const FpsShape& shape);
 
 // For every segment s: order[s, 0:count[s]] = CosineFarthestPointOrder(points[s, 0:n[s]],
-// n[s], dim, count[s]), bit for bit (the same double-precision normalisation, the same float
-// FMA chain per cosine, ties to the earliest point); order[s, count[s]:] = -1.
+// n[s], dim, count[s]), bit for bit (the same double-precision normalisation, the same
+// quantised unit vectors and exact integer dot products, ties to the earliest point);
+// order[s, count[s]:] = -1.
 // A bad shape is cudaErrorInvalidValue; an n[s] outside [0, max_points] or a count[s] outside
 // [0, min(n[s], max_count)] is found on the device, and that segment's row is all -2.
 cudaError_t FarthestPointOrder(const float* points,   // [num_segments, max_points, dim] device

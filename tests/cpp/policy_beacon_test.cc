@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -54,30 +55,54 @@ TEST(CosineFpsTest, TiesGoToTheEarliestPoint) {
   EXPECT_EQ(CosineFarthestPointOrder(pts.data(), 5, 2, 3), (std::vector<int32_t>{4, 0, 2}));
 }
 
-// The brute-force definition: a chosen-flag scan for the farthest unchosen point.
+// The brute-force definition: each row normalised (squared norm in double from four
+// interleaved partial sums, 1 / norm rounded to float, components multiplied in float) and
+// quantised to round(u * 2^14); the seed direction is the double mean of the unit rows
+// (summed 64 rows at a time), normalised, rounded to float and quantised; distances are
+// 2^28 - the integer dot product; then a chosen-flag scan for the farthest unchosen point.
 std::vector<int32_t> SlowFps(const std::vector<float>& pts, int32_t n, int32_t d, int32_t count) {
-  std::vector<double> mean(d, 0.0);
+  std::vector<std::vector<int64_t>> q(n, std::vector<int64_t>(d));
+  std::vector<double> mean(d, 0.0), part(d, 0.0);
   for (int32_t i = 0; i < n; ++i) {
-    double norm = 0;
-    for (int32_t k = 0; k < d; ++k) norm += double(pts[i * d + k]) * pts[i * d + k];
-    for (int32_t k = 0; k < d; ++k) mean[k] += pts[i * d + k] / std::sqrt(norm);
+    const float* p = &pts[static_cast<size_t>(i) * d];
+    double s[4] = {0, 0, 0, 0};
+    for (int32_t k = 0; k < d; ++k) s[k < d - d % 4 ? k % 4 : 0] += double(p[k]) * p[k];
+    const double sq = (s[0] + s[1]) + (s[2] + s[3]);
+    const float inv = sq > 0 ? static_cast<float>(1.0 / std::sqrt(sq)) : 0.0f;
+    for (int32_t k = 0; k < d; ++k) {
+      const float u = p[k] * inv;
+      part[k] += u;
+      q[i][k] = std::llrint(double(u) * 16384.0);
+    }
+    if (i % 64 == 63 || i == n - 1) {
+      for (int32_t k = 0; k < d; ++k) mean[k] += part[k], part[k] = 0.0;
+    }
   }
-  std::vector<float> m(mean.begin(), mean.end());
-  auto dist = [&](const float* a, const float* b) { return 1.0 - Cos(a, b, d); };
+  double msq = 0;
+  for (double x : mean) msq += x * x;
+  std::vector<int64_t> qm(d, 0);
+  for (int32_t k = 0; k < d && msq > 0; ++k) {
+    qm[k] = std::llrint(double(static_cast<float>(mean[k] / std::sqrt(msq))) * 16384.0);
+  }
+  auto dist = [&](const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+    int64_t dot = 0;
+    for (int32_t k = 0; k < d; ++k) dot += a[k] * b[k];
+    return (int64_t{1} << 28) - dot;
+  };
   int32_t seed = 0;
   for (int32_t i = 1; i < n; ++i) {
-    if (dist(&pts[i * d], m.data()) > dist(&pts[seed * d], m.data())) seed = i;
+    if (dist(q[i], qm) > dist(q[seed], qm)) seed = i;
   }
   std::vector<int32_t> order = {seed};
   std::vector<bool> chosen(n, false);
   chosen[seed] = true;
   while (static_cast<int32_t>(order.size()) < count) {
     int32_t best = -1;
-    double best_d = -1;
+    int64_t best_d = std::numeric_limits<int64_t>::min();
     for (int32_t i = 0; i < n; ++i) {
       if (chosen[i]) continue;
-      double md = 2;
-      for (int32_t j : order) md = std::min(md, dist(&pts[i * d], &pts[j * d]));
+      int64_t md = std::numeric_limits<int64_t>::max();
+      for (int32_t j : order) md = std::min(md, dist(q[i], q[j]));
       if (md > best_d) best_d = md, best = i;
     }
     chosen[best] = true;
@@ -90,7 +115,8 @@ TEST(CosineFpsTest, MatchesTheBruteForceDefinition) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const auto& [n, d, count] :
-       {std::tuple{37, 8, 37}, std::tuple{120, 32, 60}, std::tuple{1, 4, 1}}) {
+       {std::tuple{37, 8, 37}, std::tuple{120, 32, 60}, std::tuple{1, 4, 1}, std::tuple{150, 7, 90},
+        std::tuple{200, 64, 150}}) {
     SCOPED_TRACE(::testing::Message() << "n " << n << " d " << d << " count " << count);
     std::vector<float> pts(static_cast<size_t>(n) * d);
     for (float& x : pts) x = normal(rng);
@@ -114,8 +140,8 @@ TEST(CosineFpsTest, EveryKernelGivesTheSameOrdering) {
     const std::vector<int32_t> want =
         internal::FpsOrder(pts.data(), n, d, count, internal::FpsKernel::kPortable);
     EXPECT_EQ(static_cast<int32_t>(want.size()), count);
-    for (auto k :
-         {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512}) {
+    for (auto k : {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2,
+                   internal::FpsKernel::kAvx512, internal::FpsKernel::kAvx512Vnni}) {
       if (!internal::FpsKernelSupported(k)) continue;
       EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, count, k), want)
           << "kernel " << static_cast<int>(k);
@@ -145,8 +171,8 @@ TEST(CosineFpsTest, DuplicatesAcrossBlocksKeepIndexOrder) {
     EXPECT_GT(i, last[id[i]]) << "a later copy of point " << id[i] << " came first";
     last[id[i]] = i;
   }
-  for (auto k :
-       {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512}) {
+  for (auto k : {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2,
+                 internal::FpsKernel::kAvx512, internal::FpsKernel::kAvx512Vnni}) {
     if (!internal::FpsKernelSupported(k)) continue;
     EXPECT_EQ(internal::FpsOrder(pts.data(), kN, kD, kN, k), want)
         << "kernel " << static_cast<int>(k);
@@ -199,7 +225,7 @@ TEST(CosineFpsTest, SharingSlotsAmongCopiesGivesTheSameOrdering) {
 TEST(CosineFpsTest, EveryKernelPacksTheSameUnitVectors) {
   std::mt19937 rng(31);
   std::uniform_real_distribution<float> exponent(-18.0f, 18.0f);
-  for (const int32_t d : {16, 32, 48, 128, 20}) {
+  for (const int32_t d : {16, 32, 48, 128, 20, 64, 7}) {
     for (const int32_t n : {1, 15, 97, 300}) {
       SCOPED_TRACE(::testing::Message() << "n " << n << " d " << d);
       std::vector<std::vector<float>> rows;
@@ -219,15 +245,14 @@ TEST(CosineFpsTest, EveryKernelPacksTheSameUnitVectors) {
       }
       std::vector<float> pts;
       for (const auto& r : rows) pts.insert(pts.end(), r.begin(), r.end());
-      std::vector<float> want_unit, unit;
+      std::vector<int16_t> want_unit, unit;
       std::vector<double> want_sum, sum;
       internal::FpsPack(pts.data(), n, d, internal::FpsKernel::kPortable, &want_unit, &want_sum);
-      for (auto k : {internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512}) {
+      for (auto k : {internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512,
+                     internal::FpsKernel::kAvx512Vnni}) {
         if (!internal::FpsKernelSupported(k)) continue;
         internal::FpsPack(pts.data(), n, d, k, &unit, &sum);
-        ASSERT_EQ(unit.size(), want_unit.size());
-        EXPECT_EQ(std::memcmp(unit.data(), want_unit.data(), unit.size() * sizeof(float)), 0)
-            << "unit vectors, kernel " << static_cast<int>(k);
+        EXPECT_EQ(unit, want_unit) << "quantised unit vectors, kernel " << static_cast<int>(k);
         EXPECT_EQ(std::memcmp(sum.data(), want_sum.data(), sum.size() * sizeof(double)), 0)
             << "sum, kernel " << static_cast<int>(k);
       }
@@ -236,7 +261,7 @@ TEST(CosineFpsTest, EveryKernelPacksTheSameUnitVectors) {
         const std::vector<int32_t> want = internal::FpsOrder(
             pts.data(), n, d, n, internal::FpsKernel::kPortable, dedupe, &want_copy);
         for (auto k : {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2,
-                       internal::FpsKernel::kAvx512}) {
+                       internal::FpsKernel::kAvx512, internal::FpsKernel::kAvx512Vnni}) {
           if (!internal::FpsKernelSupported(k)) continue;
           std::vector<uint8_t> is_copy;
           EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, n, k, dedupe, &is_copy), want)
