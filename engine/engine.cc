@@ -265,12 +265,10 @@ absl::Status Engine::Admit(SeqState& s) {
   s.in_cache = true;
   std::vector<float> logits(runner_.config().vocab_size);
   QuerySink sink = [&](int32_t, int32_t layer, int32_t kv_head, int32_t position, const float* pre,
-                       const float* post) {
-    ScopedTimer t(&stats_.time_scoring);
-    Observe(s, layer, kv_head, position, pre, post);
-  };
+                       const float* post) { Observe(s, layer, kv_head, position, pre, post); };
   const double scoring_before = stats_.time_scoring, start = Now();
-  absl::Status st = runner_.Prefill(id, tokens, *bm_, *store_, &sink, logits.data());
+  absl::Status st =
+      runner_.Prefill(id, tokens, *bm_, *store_, &sink, logits.data(), &stats_.time_scoring);
   stats_.time_prefill += Now() - start - (stats_.time_scoring - scoring_before);
   BKV_RETURN_IF_ERROR(st);
   BKV_RETURN_IF_ERROR(std::exchange(observe_status_, absl::OkStatus()));
@@ -495,14 +493,13 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   for (int64_t b = 0; b < rows; ++b) states[b] = seqs_.at(ids[b]).get();
   QuerySink sink = [&](int32_t row, int32_t layer, int32_t kv_head, int32_t position,
                        const float* pre, const float* post) {
-    ScopedTimer t(&stats_.time_scoring);
     Observe(*states[row], layer, kv_head, position, pre, post);
   };
   const int32_t vocab = runner_.config().vocab_size;
   std::vector<float> logits(rows * vocab);
   const double scoring_before = stats_.time_scoring, start = Now();
   absl::Status st = runner_.Decode(ids, tokens, positions, slots, *bm_, *store_, &sink,
-                                   logits.data(), &stats_.time_attention);
+                                   logits.data(), &stats_.time_attention, &stats_.time_scoring);
   stats_.time_decode_forward += Now() - start - (stats_.time_scoring - scoring_before);
   BKV_RETURN_IF_ERROR(st);
   BKV_RETURN_IF_ERROR(std::exchange(observe_status_, absl::OkStatus()));

@@ -79,7 +79,7 @@ void ModelRunner::Logits(const float* x, int64_t rows, float* logits) const {
 
 absl::Status ModelRunner::Prefill(SequenceId seq, absl::Span<const int32_t> tokens,
                                   const BlockManager& bm, CpuKvStore& store, const QuerySink* sink,
-                                  float* last_logits) const {
+                                  float* last_logits, double* observe_seconds) const {
   const ModelConfig& c = config();
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t hid = c.hidden_size, d = c.head_dim, group = group_size();
@@ -115,10 +115,12 @@ absl::Status ModelRunner::Prefill(SequenceId seq, absl::Span<const int32_t> toke
       }
     }
     if (sink != nullptr) {
+      const double t0 = Now();
       for (int64_t i = 0; i < n; ++i)
         for (int32_t g = 0; g < c.num_kv_heads; ++g)
           (*sink)(static_cast<int32_t>(i), l, g, static_cast<int32_t>(i),
                   q_pre.data() + i * hq + g * group * d, q.data() + i * hq + g * group * d);
+      if (observe_seconds != nullptr) *observe_seconds += Now() - t0;
     }
     // Causal attention over the prompt, one (query head, token) at a time.
     const bool parallel = num_threads_ > 1 && n * n * c.num_heads * d >= (1 << 21);
@@ -151,7 +153,7 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
                                  absl::Span<const int32_t> positions,
                                  absl::Span<const SlotRef> slots, const BlockManager& bm,
                                  CpuKvStore& store, const QuerySink* sink, float* logits,
-                                 double* attention_seconds) const {
+                                 double* attention_seconds, double* observe_seconds) const {
   const ModelConfig& c = config();
   const int64_t rows = static_cast<int64_t>(seqs.size());
   const int64_t hid = c.hidden_size, d = c.head_dim, group = group_size();
@@ -222,10 +224,12 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
                                      attn.data(), num_threads_);
     if (attention_seconds != nullptr) *attention_seconds += Now() - t0;
     if (sink != nullptr) {
+      const double t0 = Now();
       for (int64_t b = 0; b < rows; ++b)
         for (int32_t g = 0; g < c.num_kv_heads; ++g)
           (*sink)(static_cast<int32_t>(b), l, g, positions[b],
                   q_pre.data() + b * hq + g * group * d, q.data() + b * hq + g * group * d);
+      if (observe_seconds != nullptr) *observe_seconds += Now() - t0;
     }
     Dense(attn.data(), lw.o_proj, nullptr, rows, hq, hid, o.data());
     for (int64_t i = 0; i < rows * hid; ++i) x[i] += o[i];

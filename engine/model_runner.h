@@ -34,17 +34,22 @@ class ModelRunner {
   // Runs tokens[i] at position i; writes every layer's post-RoPE K and V of token i into
   // logical slot i of each head of `seq`, which must already hold tokens.size() slots.
   // last_logits: [vocab] of the final token, or null.
+  // observe_seconds (optional) accumulates the time spent in `sink`, measured once per layer
+  // (a clock read per call would cost as much as a policy's per-step observation).
   absl::Status Prefill(SequenceId seq, absl::Span<const int32_t> tokens, const BlockManager& bm,
-                       CpuKvStore& store, const QuerySink* sink, float* last_logits) const;
+                       CpuKvStore& store, const QuerySink* sink, float* last_logits,
+                       double* observe_seconds = nullptr) const;
 
   // One decode step. Row b runs tokens[b] at positions[b] for sequence seqs[b]; its K/V go
   // to slots[b * num_heads_total + head] (from BlockManager::AppendToken), then attention
   // reads every slot of the head, the new one included. logits: [rows, vocab].
-  // attention_seconds accumulates time spent in attention.
+  // attention_seconds accumulates time spent in attention, observe_seconds (optional) time
+  // spent in `sink` (measured once per layer, as in Prefill).
   absl::Status Decode(absl::Span<const SequenceId> seqs, absl::Span<const int32_t> tokens,
                       absl::Span<const int32_t> positions, absl::Span<const SlotRef> slots,
                       const BlockManager& bm, CpuKvStore& store, const QuerySink* sink,
-                      float* logits, double* attention_seconds) const;
+                      float* logits, double* attention_seconds,
+                      double* observe_seconds = nullptr) const;
 
  private:
   ModelRunner(ModelWeights weights, Rope rope, int num_threads, bool batch_invariant)
