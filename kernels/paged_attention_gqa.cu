@@ -263,6 +263,9 @@ cudaError_t DispatchHeadDim(void* workspace, const float* q, const void* k, cons
                             cudaStream_t stream) {
   // DISPATCH: runtime head_dim -> template argument.
   switch (s.head_dim) {
+    case 32:
+      return DispatchGroup<T, 32>(workspace, q, k, v, tables, lengths, s, scale, splits, out,
+                                  stream);
     case 64:
       return DispatchGroup<T, 64>(workspace, q, k, v, tables, lengths, s, scale, splits, out,
                                   stream);
@@ -291,7 +294,7 @@ cudaError_t PagedDecodeAttentionGqa(void* workspace, size_t* workspace_bytes, co
                                     float* out, cudaStream_t stream) {
   if (workspace_bytes == nullptr || s.rows < 0 || s.num_heads < 1 || s.num_kv_heads < 1 ||
       s.num_heads % s.num_kv_heads != 0 || s.block_size < 1 || s.max_blocks < 0 || num_splits < 1 ||
-      (s.head_dim != 64 && s.head_dim != 128)) {
+      (s.head_dim != 32 && s.head_dim != 64 && s.head_dim != 128)) {
     return cudaErrorInvalidValue;
   }
   const int group = s.num_heads / s.num_kv_heads;

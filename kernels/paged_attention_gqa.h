@@ -26,7 +26,7 @@ int32_t ChooseNumSplits(const PagedAttentionShape& shape, int32_t num_sms);
 // Same arguments and result as PagedDecodeAttention, plus: `dtype` of k_cache / v_cache
 // (q and out stay fp32), `num_splits` >= 1, and two-phase workspace (CUB style: with
 // workspace == nullptr only *workspace_bytes is written, >= 16; num_splits == 1 needs none).
-// head_dim must be 64 or 128 and num_heads / num_kv_heads 1, 2, 4 or 8
+// head_dim must be 32, 64 or 128 and num_heads / num_kv_heads 1, 2, 4 or 8
 // (cudaErrorInvalidValue otherwise). Cache rows must be 16-byte aligned (cudaMalloc'd
 // caches are).
 cudaError_t PagedDecodeAttentionGqa(void* workspace,          // device scratch or nullptr

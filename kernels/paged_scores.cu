@@ -210,6 +210,9 @@ cudaError_t PagedAttentionScores(const float* k_cache, const int32_t* block_tabl
   if (shape.num_heads == 0) return cudaSuccess;
   // DISPATCH: runtime head_dim -> template argument.
   switch (shape.head_dim) {
+    case 32:
+      return Launch<32>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
+                        score_offsets, shape, scores, stream);
     case 64:
       return Launch<64>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
                         score_offsets, shape, scores, stream);

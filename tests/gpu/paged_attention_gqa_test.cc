@@ -105,7 +105,7 @@ TEST_P(PagedAttentionGqaGpuTest, MatchesTheCpuTwin) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionGqaGpuTest,
-                         ::testing::Combine(::testing::Values(64, 128), ::testing::Values(1, 8, 16),
+                         ::testing::Combine(::testing::Values(32, 64, 128), ::testing::Values(1, 8, 16),
                                             ::testing::Values(1, 4, 8),
                                             ::testing::Values(KvDtype::kFloat32, KvDtype::kBFloat16,
                                                               KvDtype::kFloat16),

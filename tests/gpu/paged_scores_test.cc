@@ -85,7 +85,7 @@ TEST_P(PagedScoresGpuTest, MatchesTheCpuTwin) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, PagedScoresGpuTest,
-    ::testing::Combine(::testing::Values(64, 128), ::testing::Values(1, 8, 16),
+    ::testing::Combine(::testing::Values(32, 64, 128), ::testing::Values(1, 8, 16),
                        ::testing::Values(1, 4, 8),
                        ::testing::Values(ScoreGqa::kMaxProbs, ScoreGqa::kMeanProbs),
                        ::testing::Values(ScoreQuery::kMax, ScoreQuery::kMean, ScoreQuery::kSum)));
