@@ -33,7 +33,11 @@ constexpr int32_t kNone = std::numeric_limits<int32_t>::min();  // chosen or pad
 constexpr int32_t kFar = std::numeric_limits<int32_t>::max();   // before the first pick
 constexpr int32_t kMaxFpsDim = 4096;
 
-int32_t Quantise(float u) { return static_cast<int32_t>(std::nearbyint(u * kQuantScale)); }
+// A NaN component (a row holding a NaN or an infinity normalises to NaN there) quantises to
+// 0, as vcvtps2dq's 0x80000000 truncated to 16 bits does on the AVX-512 path.
+int32_t Quantise(float u) {
+  return std::isnan(u) ? 0 : static_cast<int32_t>(std::nearbyint(u * kQuantScale));
+}
 int32_t PairWord(int32_t lo, int32_t hi) {
   return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) |
                               (static_cast<uint32_t>(hi) << 16));

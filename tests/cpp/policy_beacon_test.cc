@@ -273,6 +273,47 @@ TEST(CosineFpsTest, EveryKernelPacksTheSameUnitVectors) {
   }
 }
 
+// Rows holding a NaN or an infinity normalise to NaN components, which quantise to 0 on every
+// kernel (the vector path's conversion gives 0x80000000, whose low 16 bits are 0): such a row
+// is a zero vector to the FPS, and every kernel gives the same ordering.
+TEST(CosineFpsTest, NonFiniteRowsBecomeZeroVectorsOnEveryKernel) {
+  std::mt19937 rng(41);
+  for (const int32_t d : {32, 7}) {
+    SCOPED_TRACE(::testing::Message() << "d " << d);
+    const int32_t n = 70;
+    std::vector<float> pts;
+    for (int32_t i = 0; i < n; ++i) {
+      std::vector<float> row = Unit(rng, d);
+      if (i % 10 == 3) row[i % d] = std::numeric_limits<float>::quiet_NaN();
+      if (i % 10 == 6) row[(i + 1) % d] = std::numeric_limits<float>::infinity();
+      pts.insert(pts.end(), row.begin(), row.end());
+    }
+    std::vector<int16_t> want_q;
+    std::vector<double> sum;
+    internal::FpsPack(pts.data(), n, d, internal::FpsKernel::kPortable, &want_q, &sum);
+    for (int32_t i = 3; i < n; i += 10) {
+      // Rows 3, 13, ... (NaN) and 6, 16, ... (inf) are zero; the others are not.
+      for (const int32_t r : {i, i + 3}) {
+        const auto row = want_q.begin() + static_cast<ptrdiff_t>(r) * d;
+        EXPECT_TRUE(std::all_of(row, row + d, [](int16_t q) { return q == 0; })) << "row " << r;
+      }
+      const auto other = want_q.begin() + static_cast<ptrdiff_t>(i - 1) * d;
+      EXPECT_FALSE(std::all_of(other, other + d, [](int16_t q) { return q == 0; }));
+    }
+    const std::vector<int32_t> want =
+        internal::FpsOrder(pts.data(), n, d, n, internal::FpsKernel::kPortable);
+    for (auto k : {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2,
+                   internal::FpsKernel::kAvx512, internal::FpsKernel::kAvx512Vnni}) {
+      if (!internal::FpsKernelSupported(k)) continue;
+      std::vector<int16_t> q;
+      internal::FpsPack(pts.data(), n, d, k, &q, &sum);
+      EXPECT_EQ(q, want_q) << "kernel " << static_cast<int>(k);
+      EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, n, k), want)
+          << "kernel " << static_cast<int>(k);
+    }
+  }
+}
+
 // A draw keeps its working memory for the next one on the same thread: draws of other sizes
 // and dims in between leave no trace in a later draw's result.
 TEST(CosineFpsTest, DrawsDoNotDependOnEarlierDraws) {
