@@ -31,7 +31,6 @@ constexpr float kQuantScale = 16384.0f;                         // 2^14
 constexpr int32_t kUnitDot = int32_t{1} << 28;                  // q . q of a unit vector
 constexpr int32_t kNone = std::numeric_limits<int32_t>::min();  // chosen or padding slot
 constexpr int32_t kFar = std::numeric_limits<int32_t>::max();   // before the first pick
-constexpr int32_t kMaxFpsDim = 4096;
 
 // A NaN component (a row holding a NaN or an infinity normalises to NaN there) quantises to
 // 0, as vcvtps2dq's 0x80000000 truncated to 16 bits does on the AVX-512 path.

@@ -14,6 +14,9 @@
 
 namespace beaconkv {
 
+// The largest dim the FPS takes: its integer dot products cannot overflow below it.
+inline constexpr int32_t kMaxFpsDim = 4096;
+
 // The first `count` indexes (count <= n) of the cosine farthest-point ordering of
 // `points` ([n, dim], 1 <= dim <= 4096). Cosines are integer dot products of the unit vectors
 // quantised to 16 bits (q = round(u * 2^14); 2^28 cos ≈ q_a . q_b, exact), so the ordering

@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "absl/strings/str_format.h"
+#include "core/beacon_bank.h"
 #include "core/check.h"
 #include "core/policy_internal.h"
 #include "core/selection.h"
@@ -124,6 +125,12 @@ absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& 
   if (prompt_len < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("prompt_len must be >= 0, got %d", prompt_len));
+  }
+  if (std::holds_alternative<BeaconConfig>(config) && geometry.head_dim() > kMaxFpsDim) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("policy beacon: head_dim %d is above the %d its farthest-point sampling "
+                        "takes",
+                        geometry.head_dim(), kMaxFpsDim));
   }
   using namespace internal;  // NOLINT: factory functions
   switch (config.index()) {

@@ -346,6 +346,25 @@ TEST(CosineFpsTest, DrawsDoNotDependOnEarlierDraws) {
 
 // Beacons leave out exact copies of a beacon: the rows are the distinct points among the
 // first n of the FPS ordering, in that order.
+// The FPS's integer dot products bound the head dimension: a larger one is refused when the
+// policy is created, with the reason, and the limit itself is accepted.
+TEST(BeaconPolicyTest, HeadDimAboveTheFpsLimitIsRefused) {
+  for (const int32_t d : {kMaxFpsDim, kMaxFpsDim + 2}) {
+    const PolicyGeometry geo{1, 1, 1, {d, 1e4}};
+    auto state = NewPolicyState(BeaconConfig{}, geo, 4);
+    if (d <= kMaxFpsDim) {
+      EXPECT_TRUE(state.ok()) << state.status();
+    } else {
+      ASSERT_FALSE(state.ok());
+      EXPECT_EQ(state.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(state.status().message().find("head_dim"), std::string_view::npos)
+          << state.status();
+    }
+  }
+  // Other policies have no such limit.
+  EXPECT_TRUE(NewPolicyState(SnapKvConfig{}, {1, 1, 1, {kMaxFpsDim + 2, 1e4}}, 4).ok());
+}
+
 TEST(BeaconBankTest, BeaconsLeaveOutCopies) {
   std::mt19937 rng(6);
   const int32_t d = 16;
