@@ -124,8 +124,8 @@ TEST(CosineFpsTest, MatchesTheBruteForceDefinition) {
   }
 }
 
-// Every ISA path of the FPS pass computes the same FMA chain per point, so they must give the
-// same ordering (also on clustered points with many near-ties), whatever the machine.
+// Every ISA path of the FPS pass computes the same exact integer dot products, so they must
+// give the same ordering (also on clustered points with many near-ties), whatever the machine.
 TEST(CosineFpsTest, EveryKernelGivesTheSameOrdering) {
   std::mt19937 rng(9);
   for (const auto& [n, d, count] : {std::tuple{512, 32, 256}, std::tuple{97, 7, 50},
