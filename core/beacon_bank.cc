@@ -32,10 +32,13 @@ constexpr int32_t kUnitDot = int32_t{1} << 28;                  // q . q of a un
 constexpr int32_t kNone = std::numeric_limits<int32_t>::min();  // chosen or padding slot
 constexpr int32_t kFar = std::numeric_limits<int32_t>::max();   // before the first pick
 
-// A NaN component (a row holding a NaN or an infinity normalises to NaN there) quantises to
-// 0, as vcvtps2dq's 0x80000000 truncated to 16 bits does on the AVX-512 path.
+// A non-finite component quantises to 0, as vcvtps2dq's 0x80000000 truncated to 16 bits does
+// on the AVX-512 path. They arise from a row holding a NaN or an infinity (normalised to NaN)
+// and from a row whose norm is below 1 / FLT_MAX (all components subnormal: 1 / norm
+// overflows to +inf, so its components become +-inf, or NaN where 0): such a row is a zero
+// vector to the FPS.
 int32_t Quantise(float u) {
-  return std::isnan(u) ? 0 : static_cast<int32_t>(std::nearbyint(u * kQuantScale));
+  return std::isfinite(u) ? static_cast<int32_t>(std::nearbyint(u * kQuantScale)) : 0;
 }
 int32_t PairWord(int32_t lo, int32_t hi) {
   return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFFu) |

@@ -36,7 +36,11 @@ __device__ int32_t Distance(const int16_t* quant, int32_t stride, int32_t i, con
   return kUnitDot - acc;
 }
 
-__device__ int32_t Quantise(float u) { return __float2int_rn(__fmul_rn(u, kQuantScale)); }
+// core's Quantise: a non-finite component (a NaN or infinite row, or one whose norm is below
+// 1 / FLT_MAX) is 0; __float2int_rn would saturate +inf to INT_MAX, whose low half is -1.
+__device__ int32_t Quantise(float u) {
+  return isfinite(u) ? __float2int_rn(__fmul_rn(u, kQuantScale)) : 0;
+}
 
 // One thread block per buffer. Unit vectors (float, for the mean) and their quantised form go
 // to scratch transposed ([dim][max_points], so a pass reads them coalesced); the smallest

@@ -273,9 +273,10 @@ TEST(CosineFpsTest, EveryKernelPacksTheSameUnitVectors) {
   }
 }
 
-// Rows holding a NaN or an infinity normalise to NaN components, which quantise to 0 on every
-// kernel (the vector path's conversion gives 0x80000000, whose low 16 bits are 0): such a row
-// is a zero vector to the FPS, and every kernel gives the same ordering.
+// Rows holding a NaN or an infinity normalise to NaN components, and a row of subnormals (norm
+// below 1 / FLT_MAX, so 1 / norm is +inf) to +-inf and NaN ones; every non-finite component
+// quantises to 0 on every kernel: such a row is a zero vector to the FPS, and every kernel
+// gives the same ordering.
 TEST(CosineFpsTest, NonFiniteRowsBecomeZeroVectorsOnEveryKernel) {
   std::mt19937 rng(41);
   for (const int32_t d : {32, 7}) {
@@ -286,14 +287,20 @@ TEST(CosineFpsTest, NonFiniteRowsBecomeZeroVectorsOnEveryKernel) {
       std::vector<float> row = Unit(rng, d);
       if (i % 10 == 3) row[i % d] = std::numeric_limits<float>::quiet_NaN();
       if (i % 10 == 6) row[(i + 1) % d] = std::numeric_limits<float>::infinity();
+      if (i % 10 == 8) {  // subnormal components only: 1 / norm overflows
+        std::fill(row.begin(), row.end(), 0.0f);
+        row[i % d] = 1e-40f;
+        row[(i + 2) % d] = -3e-41f;
+      }
       pts.insert(pts.end(), row.begin(), row.end());
     }
     std::vector<int16_t> want_q;
     std::vector<double> sum;
     internal::FpsPack(pts.data(), n, d, internal::FpsKernel::kPortable, &want_q, &sum);
     for (int32_t i = 3; i < n; i += 10) {
-      // Rows 3, 13, ... (NaN) and 6, 16, ... (inf) are zero; the others are not.
-      for (const int32_t r : {i, i + 3}) {
+      // Rows 3, 13, ... (NaN), 6, 16, ... (inf) and 8, 18, ... (subnormal) are zero; the
+      // others are not.
+      for (const int32_t r : {i, i + 3, i + 5}) {
         const auto row = want_q.begin() + static_cast<ptrdiff_t>(r) * d;
         EXPECT_TRUE(std::all_of(row, row + d, [](int16_t q) { return q == 0; })) << "row " << r;
       }
@@ -344,8 +351,6 @@ TEST(CosineFpsTest, DrawsDoNotDependOnEarlierDraws) {
             wide_first);
 }
 
-// Beacons leave out exact copies of a beacon: the rows are the distinct points among the
-// first n of the FPS ordering, in that order.
 // The FPS's integer dot products bound the head dimension: a larger one is refused when the
 // policy is created, with the reason, and the limit itself is accepted.
 TEST(BeaconPolicyTest, HeadDimAboveTheFpsLimitIsRefused) {
@@ -365,6 +370,8 @@ TEST(BeaconPolicyTest, HeadDimAboveTheFpsLimitIsRefused) {
   EXPECT_TRUE(NewPolicyState(SnapKvConfig{}, {1, 1, 1, {kMaxFpsDim + 2, 1e4}}, 4).ok());
 }
 
+// Beacons leave out exact copies of a beacon: the rows are the distinct points among the
+// first n of the FPS ordering, in that order.
 TEST(BeaconBankTest, BeaconsLeaveOutCopies) {
   std::mt19937 rng(6);
   const int32_t d = 16;

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -58,6 +59,13 @@ TEST_P(FpsGpuTest, SameOrderingAsCore) {
         std::copy_n(row - dim, dim, row);
       } else if (i == 3) {  // a zero vector: orthogonal to everything
         std::fill_n(row, dim, 0.0f);
+      } else if (i == 4) {  // subnormals only: 1 / norm overflows, a zero vector too
+        std::fill_n(row, dim, 0.0f);
+        row[0] = 1e-40f;
+      } else if (i == 6) {  // a NaN and an infinity: a zero vector
+        row[0] = std::numeric_limits<float>::quiet_NaN();
+        for (int32_t d = 1; d < dim; ++d) row[d] = nd(rng);
+        row[dim - 1] = std::numeric_limits<float>::infinity();
       } else {
         for (int32_t d = 0; d < dim; ++d) row[d] = (i % 3 == 0 ? centre[d] : 0.0f) + nd(rng);
       }
