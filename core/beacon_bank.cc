@@ -124,37 +124,15 @@ __attribute__((target("avx512f"))) int32_t MaxLanesAvx512(__m512i vmax) {
   return *std::max_element(lanes, lanes + 16);
 }
 
-// Four accumulators of 16 slots per block; vpmaddwd + vpaddd per 16 slots and word.
-__attribute__((target("avx512f,avx512bw"))) int32_t UpdateAvx512(const int32_t* blocked, int32_t n,
-                                                                 int32_t pairs, const int32_t* v,
-                                                                 int32_t* min_dist) {
-  __m512i vmax = _mm512_set1_epi32(kNone);
-  for (int32_t i0 = 0; i0 < n; i0 += kBlock) {
-    const int32_t* x = blocked + static_cast<size_t>(i0) * pairs;
-    // Named accumulators, not an array (GCC kept an array on the stack).
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (int32_t k = 0; k < pairs; ++k) {
-      const __m512i vk = _mm512_set1_epi32(v[k]);
-      const int32_t* cx = x + static_cast<size_t>(k) * kBlock;
-      a0 = _mm512_add_epi32(a0, _mm512_madd_epi16(_mm512_loadu_si512(cx), vk));
-      a1 = _mm512_add_epi32(a1, _mm512_madd_epi16(_mm512_loadu_si512(cx + 16), vk));
-      a2 = _mm512_add_epi32(a2, _mm512_madd_epi16(_mm512_loadu_si512(cx + 32), vk));
-      a3 = _mm512_add_epi32(a3, _mm512_madd_epi16(_mm512_loadu_si512(cx + 48), vk));
-    }
-    vmax = FinishLanesAvx512(a0, min_dist + i0, vmax);
-    vmax = FinishLanesAvx512(a1, min_dist + i0 + 16, vmax);
-    vmax = FinishLanesAvx512(a2, min_dist + i0 + 32, vmax);
-    vmax = FinishLanesAvx512(a3, min_dist + i0 + 48, vmax);
-  }
-  return MaxLanesAvx512(vmax);
-}
-
-// The same with AVX-512 VNNI: one vpdpwssd per 16 slots and word (a pass ≈ 15 % faster).
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t UpdateAvx512Vnni(
+// Four accumulators of 16 slots per block; one vpdpwssd (AVX-512 VNNI) per 16 slots and word.
+// (AVX-512 machines without VNNI take the AVX2 pass, whose vpmaddwd + vpaddd give the same
+// sums.)
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int32_t UpdateAvx512(
     const int32_t* blocked, int32_t n, int32_t pairs, const int32_t* v, int32_t* min_dist) {
   __m512i vmax = _mm512_set1_epi32(kNone);
   for (int32_t i0 = 0; i0 < n; i0 += kBlock) {
     const int32_t* x = blocked + static_cast<size_t>(i0) * pairs;
+    // Named accumulators, not an array (GCC kept an array on the stack).
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
     for (int32_t k = 0; k < pairs; ++k) {
       const __m512i vk = _mm512_set1_epi32(v[k]);
@@ -438,9 +416,6 @@ bool Supported(internal::FpsKernel kernel) {
       return __builtin_cpu_supports("avx2");
     case internal::FpsKernel::kAvx512:
       __builtin_cpu_init();
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    case internal::FpsKernel::kAvx512Vnni:
-      __builtin_cpu_init();
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vnni");
 #endif
@@ -452,8 +427,6 @@ bool Supported(internal::FpsKernel kernel) {
 FpsKernels Kernel(internal::FpsKernel kernel) {
   switch (kernel) {
 #if defined(__x86_64__)
-    case internal::FpsKernel::kAvx512Vnni:
-      return {UpdateAvx512Vnni, EqualAvx512, PackUnitAvx512};
     case internal::FpsKernel::kAvx512:
       return {UpdateAvx512, EqualAvx512, PackUnitAvx512};
     case internal::FpsKernel::kAvx2:
@@ -466,8 +439,7 @@ FpsKernels Kernel(internal::FpsKernel kernel) {
 
 // The fastest kernels this machine runs (all give the same result).
 FpsKernels PickKernels() {
-  for (internal::FpsKernel k : {internal::FpsKernel::kAvx512Vnni, internal::FpsKernel::kAvx512,
-                                internal::FpsKernel::kAvx2}) {
+  for (internal::FpsKernel k : {internal::FpsKernel::kAvx512, internal::FpsKernel::kAvx2}) {
     if (Supported(k)) return Kernel(k);
   }
   return Kernel(internal::FpsKernel::kPortable);

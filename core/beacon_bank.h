@@ -34,7 +34,7 @@ namespace internal {
 // gives the same ordering. kAuto: the fastest this machine supports. dedupe: exact duplicate
 // rows share one slot (the same ordering, fewer dot products); off only to test that. is_copy
 // (optional, needs dedupe): is_copy[j] = 1 when order[j] is bitwise equal to an earlier pick.
-enum class FpsKernel { kAuto, kPortable, kAvx2, kAvx512, kAvx512Vnni };
+enum class FpsKernel { kAuto, kPortable, kAvx2, kAvx512 };  // kAvx512: with VNNI
 bool FpsKernelSupported(FpsKernel kernel);
 std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32_t count,
                               FpsKernel kernel, bool dedupe = true,

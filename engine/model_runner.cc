@@ -115,12 +115,12 @@ absl::Status ModelRunner::Prefill(SequenceId seq, absl::Span<const int32_t> toke
       }
     }
     if (sink != nullptr) {
-      const double t0 = Now();
+      const double observe_start = Now();
       for (int64_t i = 0; i < n; ++i)
         for (int32_t g = 0; g < c.num_kv_heads; ++g)
           (*sink)(static_cast<int32_t>(i), l, g, static_cast<int32_t>(i),
                   q_pre.data() + i * hq + g * group * d, q.data() + i * hq + g * group * d);
-      if (observe_seconds != nullptr) *observe_seconds += Now() - t0;
+      if (observe_seconds != nullptr) *observe_seconds += Now() - observe_start;
     }
     // Causal attention over the prompt, one (query head, token) at a time.
     const bool parallel = num_threads_ > 1 && n * n * c.num_heads * d >= (1 << 21);
@@ -224,12 +224,12 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
                                      attn.data(), num_threads_);
     if (attention_seconds != nullptr) *attention_seconds += Now() - t0;
     if (sink != nullptr) {
-      const double t0 = Now();
+      const double observe_start = Now();
       for (int64_t b = 0; b < rows; ++b)
         for (int32_t g = 0; g < c.num_kv_heads; ++g)
           (*sink)(static_cast<int32_t>(b), l, g, positions[b],
                   q_pre.data() + b * hq + g * group * d, q.data() + b * hq + g * group * d);
-      if (observe_seconds != nullptr) *observe_seconds += Now() - t0;
+      if (observe_seconds != nullptr) *observe_seconds += Now() - observe_start;
     }
     Dense(attn.data(), lw.o_proj, nullptr, rows, hq, hid, o.data());
     for (int64_t i = 0; i < rows * hid; ++i) x[i] += o[i];

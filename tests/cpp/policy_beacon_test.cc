@@ -140,8 +140,8 @@ TEST(CosineFpsTest, EveryKernelGivesTheSameOrdering) {
     const std::vector<int32_t> want =
         internal::FpsOrder(pts.data(), n, d, count, internal::FpsKernel::kPortable);
     EXPECT_EQ(static_cast<int32_t>(want.size()), count);
-    for (auto k : {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2,
-                   internal::FpsKernel::kAvx512, internal::FpsKernel::kAvx512Vnni}) {
+    for (auto k :
+         {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512}) {
       if (!internal::FpsKernelSupported(k)) continue;
       EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, count, k), want)
           << "kernel " << static_cast<int>(k);
@@ -171,8 +171,8 @@ TEST(CosineFpsTest, DuplicatesAcrossBlocksKeepIndexOrder) {
     EXPECT_GT(i, last[id[i]]) << "a later copy of point " << id[i] << " came first";
     last[id[i]] = i;
   }
-  for (auto k : {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2,
-                 internal::FpsKernel::kAvx512, internal::FpsKernel::kAvx512Vnni}) {
+  for (auto k :
+       {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512}) {
     if (!internal::FpsKernelSupported(k)) continue;
     EXPECT_EQ(internal::FpsOrder(pts.data(), kN, kD, kN, k), want)
         << "kernel " << static_cast<int>(k);
@@ -248,8 +248,7 @@ TEST(CosineFpsTest, EveryKernelPacksTheSameUnitVectors) {
       std::vector<int16_t> want_unit, unit;
       std::vector<double> want_sum, sum;
       internal::FpsPack(pts.data(), n, d, internal::FpsKernel::kPortable, &want_unit, &want_sum);
-      for (auto k : {internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512,
-                     internal::FpsKernel::kAvx512Vnni}) {
+      for (auto k : {internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512}) {
         if (!internal::FpsKernelSupported(k)) continue;
         internal::FpsPack(pts.data(), n, d, k, &unit, &sum);
         EXPECT_EQ(unit, want_unit) << "quantised unit vectors, kernel " << static_cast<int>(k);
@@ -261,7 +260,7 @@ TEST(CosineFpsTest, EveryKernelPacksTheSameUnitVectors) {
         const std::vector<int32_t> want = internal::FpsOrder(
             pts.data(), n, d, n, internal::FpsKernel::kPortable, dedupe, &want_copy);
         for (auto k : {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2,
-                       internal::FpsKernel::kAvx512, internal::FpsKernel::kAvx512Vnni}) {
+                       internal::FpsKernel::kAvx512}) {
           if (!internal::FpsKernelSupported(k)) continue;
           std::vector<uint8_t> is_copy;
           EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, n, k, dedupe, &is_copy), want)
@@ -309,8 +308,8 @@ TEST(CosineFpsTest, NonFiniteRowsBecomeZeroVectorsOnEveryKernel) {
     }
     const std::vector<int32_t> want =
         internal::FpsOrder(pts.data(), n, d, n, internal::FpsKernel::kPortable);
-    for (auto k : {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2,
-                   internal::FpsKernel::kAvx512, internal::FpsKernel::kAvx512Vnni}) {
+    for (auto k :
+         {internal::FpsKernel::kAuto, internal::FpsKernel::kAvx2, internal::FpsKernel::kAvx512}) {
       if (!internal::FpsKernelSupported(k)) continue;
       std::vector<int16_t> q;
       internal::FpsPack(pts.data(), n, d, k, &q, &sum);
