@@ -233,12 +233,22 @@ def encode_batch(tok: CharTokenizer, exs: list[task.Example]):
     return torch.tensor(rows), torch.tensor(tgts), torch.tensor(roles)
 
 
-def sample_steps(rng: random.Random, long_on: bool, args) -> int:
+def sample_steps(rng: random.Random, long_on: bool, args, name: str = "plan-exec") -> int:
     if not long_on:
         return rng.randint(1, 4)
     if rng.random() < args.short_frac:
         return rng.randint(1, 6)
-    return rng.randint(5, args.max_steps)
+    hi = defuse_steps(args)[1] if name == "def-use" else args.max_steps
+    return rng.randint(min(5, hi), hi)
+
+
+def defuse_steps(args) -> tuple[int, int]:
+    """(lo, hi) of long def-use problems: --defuse-steps, else the generator's defaults."""
+    if not args.defuse_steps:
+        d = task.Difficulty()
+        return d.min_steps, d.max_steps
+    lo, _, hi = args.defuse_steps.partition("-")
+    return int(lo), int(hi or lo)
 
 
 def make_batch(rng: random.Random, long_on: bool, args, tok):
@@ -246,7 +256,7 @@ def make_batch(rng: random.Random, long_on: bool, args, tok):
     # stream (and the replay of the shipped checkpoint) is unchanged.
     name = ("def-use" if args.defuse_frac > 0 and rng.random() < args.defuse_frac
             else "plan-exec")
-    n = sample_steps(rng, long_on, args)
+    n = sample_steps(rng, long_on, args, name)
     diff = task.Difficulty(min_steps=n, max_steps=n, width=args.width)
     # Once long problems are on, short ones start at a random label so that every label is
     # trained cheaply (long problems alone reach the late letters rarely).
@@ -349,6 +359,9 @@ def main() -> int:
                    help="once long problems are on: share of batches with 1-6 steps")
     p.add_argument("--defuse-frac", type=float, default=0.0,
                    help="share of batches from the def-use task (0: plan-exec only)")
+    p.add_argument("--defuse-steps", default="", metavar="LO-HI",
+                   help="chain lengths of long def-use problems: training draws 5..HI, the "
+                        "long def-use evaluation LO..HI (default: the generator's 17-21)")
     p.add_argument("--label-offsets", type=int, default=1,
                    help="once long problems are on, start the labels of short problems at a "
                         "random letter (1) or always at A (0)")
@@ -446,7 +459,8 @@ def main() -> int:
     long_eval = eval_batches(tok, args.seed, 48, d.min_steps, d.max_steps, args, 8)
     if "def-use" in tasks:
         du_short = eval_batches(tok, args.seed, 64, 1, 4, args, 32, "def-use")
-        du_long = eval_batches(tok, args.seed, 48, d.min_steps, d.max_steps, args, 8, "def-use")
+        du_lo, du_hi = defuse_steps(args)
+        du_long = eval_batches(tok, args.seed, 48, du_lo, du_hi, args, 8, "def-use")
 
     def evaluate_all(long_batches: int | None) -> tuple[dict, dict]:
         """(long, short) results; with def-use on, each also carries the def-use figures

@@ -104,6 +104,18 @@ def test_held_out_splits_load_by_name_and_are_new_problems():
         load_problems(MODEL, "heldout-1")
 
 
+def test_defuse_held_out_splits_are_new_problems():
+    from beaconkv.evaluate import load_problems
+
+    for prefix, seeds in (("defuse", (52361, 60017, 71993)),
+                          ("defuse12", (83117, 90533, 97241))):
+        seen = {p["prompt"] for p in load_problems(MODEL, f"{prefix}-dev")}
+        for seed in seeds:
+            held = load_problems(MODEL, f"{prefix}-heldout-{seed}")
+            assert len(held) == 200 and all(p["id"].startswith(f"{seed}-") for p in held)
+            assert not seen & {p["prompt"] for p in held}
+
+
 def test_python_dash_m_beaconkv_is_the_cli():
     r = subprocess.run([sys.executable, "-m", "beaconkv", "--help"], capture_output=True,
                        text=True, timeout=120)

@@ -292,14 +292,21 @@ def test_defuse_split_file_round_trip_and_versions(tmp_path):
     assert pe.target != recs[0]["target"]
 
 
-@pytest.mark.parametrize("name", ["defuse-dev", "defuse-heldout-52361", "defuse-heldout-60017",
-                                  "defuse-heldout-71993"])
-def test_committed_defuse_splits_are_reproducible(name):
+@pytest.mark.parametrize("name,steps", [
+    *((n, (17, 21)) for n in ["defuse-dev", "defuse-heldout-52361", "defuse-heldout-60017",
+                              "defuse-heldout-71993"]),
+    # 8-12 steps: the length the two-task model (models/tiny-reasoner-2task) was trained for
+    *((n, (8, 12)) for n in ["defuse12-dev", "defuse12-heldout-83117", "defuse12-heldout-90533",
+                             "defuse12-heldout-97241"])])
+def test_committed_defuse_splits_are_reproducible(name, steps):
     recs = task.read_split(str(DATA / f"{name}.jsonl"))
     assert len(recs) == 200 and recs[0]["task_version"] == task.DEFUSE_VERSION
     seed = int(recs[0]["id"].split("-")[0])
-    regen = task.split_examples(seed, len(recs), task.Difficulty(**recs[0]["difficulty"]),
-                                "def-use")
+    diff = task.Difficulty(**recs[0]["difficulty"])
+    assert (diff.min_steps, diff.max_steps) == steps
+    regen = task.split_examples(seed, len(recs), diff, "def-use")
     for rec, ex in zip(recs, regen):
         assert rec["target"] == ex.target and rec["answer"] == ex.answer
-    assert sum(len(r["target"]) + 1 for r in recs) / len(recs) >= 950
+        assert steps[0] <= rec["n_steps"] <= steps[1]
+    # ~52 generated tokens per step
+    assert sum(len(r["target"]) + 1 for r in recs) / len(recs) >= 50 * sum(steps) / 2
