@@ -238,17 +238,20 @@ def sample_steps(rng: random.Random, long_on: bool, args, name: str = "plan-exec
         return rng.randint(1, 4)
     if rng.random() < args.short_frac:
         return rng.randint(1, 6)
-    hi = defuse_steps(args)[1] if name == "def-use" else args.max_steps
+    hi = args.defuse_steps[1] if name == "def-use" else args.max_steps
     return rng.randint(min(5, hi), hi)
 
 
-def defuse_steps(args) -> tuple[int, int]:
-    """(lo, hi) of long def-use problems: --defuse-steps, else the generator's defaults."""
-    if not args.defuse_steps:
-        d = task.Difficulty()
-        return d.min_steps, d.max_steps
-    lo, _, hi = args.defuse_steps.partition("-")
-    return int(lo), int(hi or lo)
+def steps_range(text: str) -> tuple[int, int]:
+    """--defuse-steps LO-HI (or N) as (lo, hi), checked once when the options are parsed."""
+    lo, _, hi = text.partition("-")
+    try:
+        r = int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO-HI, got {text!r}") from None
+    if not 1 <= r[0] <= r[1]:
+        raise argparse.ArgumentTypeError(f"need 1 <= LO <= HI, got {text!r}")
+    return r
 
 
 def make_batch(rng: random.Random, long_on: bool, args, tok):
@@ -359,7 +362,8 @@ def main() -> int:
                    help="once long problems are on: share of batches with 1-6 steps")
     p.add_argument("--defuse-frac", type=float, default=0.0,
                    help="share of batches from the def-use task (0: plan-exec only)")
-    p.add_argument("--defuse-steps", default="", metavar="LO-HI",
+    p.add_argument("--defuse-steps", type=steps_range, metavar="LO-HI",
+                   default=(task.Difficulty().min_steps, task.Difficulty().max_steps),
                    help="chain lengths of long def-use problems: training draws 5..HI, the "
                         "long def-use evaluation LO..HI (default: the generator's 17-21)")
     p.add_argument("--label-offsets", type=int, default=1,
@@ -459,8 +463,7 @@ def main() -> int:
     long_eval = eval_batches(tok, args.seed, 48, d.min_steps, d.max_steps, args, 8)
     if "def-use" in tasks:
         du_short = eval_batches(tok, args.seed, 64, 1, 4, args, 32, "def-use")
-        du_lo, du_hi = defuse_steps(args)
-        du_long = eval_batches(tok, args.seed, 48, du_lo, du_hi, args, 8, "def-use")
+        du_long = eval_batches(tok, args.seed, 48, *args.defuse_steps, args, 8, "def-use")
 
     def evaluate_all(long_batches: int | None) -> tuple[dict, dict]:
         """(long, short) results; with def-use on, each also carries the def-use figures
