@@ -37,6 +37,12 @@ AdmissionMode ParseAdmission(const std::string& s) {
       absl::StrFormat("admission must be 'optimistic' or 'reserve', got '%s'", s));
 }
 
+ScorerKind ParseScorer(const std::string& s) {
+  if (s == "host") return ScorerKind::kHost;
+  if (s == "paged") return ScorerKind::kPaged;
+  throw py::value_error(absl::StrFormat("scorer must be 'host' or 'paged', got '%s'", s));
+}
+
 // (evicted_at [layers, kv_heads, positions] int64, first eviction step): NEVER_EVICTED where
 // none.
 py::tuple EvictionsToPython(const EvictionRecord& r) {
@@ -82,7 +88,8 @@ void BindEngine(py::module_& m) {
                        int32_t num_blocks, int32_t num_host_blocks, int32_t max_batch,
                        int32_t watermark_blocks, const std::string& preemption, int32_t num_threads,
                        int32_t max_model_len, bool verify_integrity, bool batch_invariant,
-                       bool allow_nonfinite, const std::string& admission) {
+                       bool allow_nonfinite, const std::string& admission,
+                       const std::string& scorer) {
              EngineConfig c;
              c.policy = PolicyConfigFromPython(policy);
              c.block_size = block_size;
@@ -92,6 +99,7 @@ void BindEngine(py::module_& m) {
              c.watermark_blocks = watermark_blocks;
              c.preemption = ParsePreemption(preemption);
              c.admission = ParseAdmission(admission);
+             c.scorer = ParseScorer(scorer);
              c.num_threads = num_threads;
              c.max_model_len = max_model_len;
              c.verify_integrity = verify_integrity;
@@ -104,7 +112,8 @@ void BindEngine(py::module_& m) {
            py::arg("watermark_blocks") = 0, py::arg("preemption") = "recompute",
            py::arg("num_threads") = 2, py::arg("max_model_len") = 0,
            py::arg("verify_integrity") = false, py::arg("batch_invariant") = true,
-           py::arg("allow_nonfinite") = false, py::arg("admission") = "optimistic")
+           py::arg("allow_nonfinite") = false, py::arg("admission") = "optimistic",
+           py::arg("scorer") = "host")
       .def(
           "add_request",
           [](Engine& e, int64_t id, std::vector<int32_t> prompt, int32_t max_new_tokens,

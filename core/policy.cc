@@ -33,17 +33,20 @@ absl::Status PolicyState::CheckStep(int32_t layer, int32_t kv_head, const StepQu
   return absl::OkStatus();
 }
 
-absl::Status PolicyState::CheckKeys(int32_t layer, int32_t kv_head, const HeadKeys& keys) const {
-  if (keys.num_tokens < 0 || (keys.num_tokens > 0 && (!keys.keys || !keys.positions))) {
+absl::Status PolicyState::CheckKeys(int32_t layer, int32_t kv_head, const HeadKeys& keys,
+                                    bool need_keys) const {
+  if (keys.num_tokens < 0 ||
+      (keys.num_tokens > 0 && ((need_keys && !keys.keys) || !keys.positions))) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "policy %s: (layer %d, kv_head %d) keys need %d tokens of keys and positions",
-        policy_name(), layer, kv_head, keys.num_tokens));
+        "policy %s: (layer %d, kv_head %d) keys need %d tokens of %s", policy_name(), layer,
+        kv_head, keys.num_tokens, need_keys ? "keys and positions" : "positions"));
   }
   return absl::OkStatus();
 }
 
 absl::Status PolicyState::CheckCompressArgs(int32_t layer, absl::Span<const HeadKeys> heads,
-                                            absl::Span<const int32_t> due, bool all_heads) const {
+                                            absl::Span<const int32_t> due, bool all_heads,
+                                            bool need_keys) const {
   BKV_RETURN_IF_ERROR(CheckHead(layer, 0));
   if (static_cast<int32_t>(heads.size()) != geometry_.num_kv_heads) {
     return absl::InvalidArgumentError(
@@ -60,9 +63,70 @@ absl::Status PolicyState::CheckCompressArgs(int32_t layer, absl::Span<const Head
   for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) {
     const bool used = all_heads || std::binary_search(due.begin(), due.end(), h);
     if (!used) continue;
-    BKV_RETURN_IF_ERROR(CheckKeys(layer, h, heads[h]));
+    BKV_RETURN_IF_ERROR(CheckKeys(layer, h, heads[h], need_keys));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ScoringPlan> PolicyState::PlanScoring(int32_t, absl::Span<const HeadKeys>,
+                                                     absl::Span<const int32_t>, int32_t) {
+  return absl::UnimplementedError(absl::StrFormat(
+      "policy %s: its selection cannot be handed to an external scorer; run Compress",
+      policy_name()));
+}
+
+absl::StatusOr<ScoringPlan> PolicyState::PlanScored(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                    absl::Span<const int32_t> due,
+                                                    const PlanHooks& hooks) const {
+  BKV_RETURN_IF_ERROR(CheckCompressArgs(layer, heads, due, /*all_heads=*/false,
+                                        /*need_keys=*/false));
+  ScoringPlan plan = hooks.shape;
+  plan.layer = layer;
+  plan.tasks.clear();
+  for (int32_t h : due) {
+    const OrderedHead ordered(HeadKeys{nullptr, heads[h].positions, heads[h].num_tokens},
+                              geometry_.head_dim());
+    const int32_t n = ordered.size();
+    if (n <= hooks.budget) continue;  // keeps everything, as CompressScored's selection does
+    std::vector<uint8_t> protect;
+    hooks.protect(h, ordered, &protect);
+    if (protect.empty()) protect.assign(n, 0);
+    ScoringTask task;
+    task.kv_head = h;
+    task.num_tokens = n;
+    task.num_queries = hooks.rows(h, ordered, &protect, &task.queries);
+    const int64_t kept = std::count(protect.begin(), protect.end(), uint8_t{1});
+    task.k = std::max<int64_t>(hooks.budget - kept, 0);
+    task.protect.assign(n, 0);
+    for (int32_t i = 0; i < n; ++i) task.protect[ordered.slot(i)] = protect[i];
+    plan.tasks.push_back(std::move(task));
+  }
+  return plan;
+}
+
+absl::StatusOr<std::vector<KeepSet>> KeepSetsFromMasks(
+    const ScoringPlan& plan, absl::Span<const absl::Span<const uint8_t>> keep) {
+  if (keep.size() != plan.tasks.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("scoring plan of layer %d: %d keep masks for %d tasks", plan.layer,
+                        keep.size(), plan.tasks.size()));
+  }
+  std::vector<KeepSet> out;
+  out.reserve(keep.size());
+  for (size_t t = 0; t < keep.size(); ++t) {
+    const ScoringTask& task = plan.tasks[t];
+    if (static_cast<int64_t>(keep[t].size()) != task.num_tokens) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "scoring plan of layer %d, kv_head %d: keep mask of %d slots for %d tokens", plan.layer,
+          task.kv_head, keep[t].size(), task.num_tokens));
+    }
+    KeepSet ks{plan.layer, task.kv_head, {}};
+    for (int32_t i = 0; i < task.num_tokens; ++i) {
+      if (keep[t][i]) ks.slots.push_back(i);
+    }
+    out.push_back(std::move(ks));
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<KeepSet>> PolicyState::CompressScored(int32_t layer,

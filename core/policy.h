@@ -25,8 +25,38 @@
 #include "absl/types/span.h"
 #include "core/policy_config.h"
 #include "core/policy_types.h"
+#include "core/scoring.h"
 
 namespace beaconkv {
+
+// One head's share of a compression event, planned by the policy for a scorer outside it
+// (the device pipeline of kernels/scorer.h, or its CPU twin): score the head's keys with
+// `queries`, pool, then keep every protected slot and the `k` best others (ties: the more
+// recent token). Slot order throughout, as the head's block table holds the tokens.
+struct ScoringTask {
+  int32_t kv_head = 0;
+  int32_t num_tokens = 0;        // the head's tokens; protect has this size
+  int32_t num_queries = 0;       // rows of queries, each [group_size, head_dim]
+  std::vector<float> queries;    // [num_queries, group_size, head_dim]
+  std::vector<uint8_t> protect;  // [num_tokens] slot order, 1 = kept whatever the scores
+  int64_t k = 0;                 // unprotected tokens kept, the best by pooled score
+};
+
+// A layer's planned compression: how every task of it is scored, and the tasks of the heads
+// that must shed tokens (due heads within budget keep everything and have no task).
+struct ScoringPlan {
+  int32_t layer = 0;
+  int32_t group_size = 1;  // query heads per query row
+  ScoreSpec spec;          // GQA and query reductions
+  Pooling pooling = Pooling::kNone;
+  int32_t pool_kernel = 1;
+  std::vector<ScoringTask> tasks;  // ascending kv_head
+};
+
+// Builds the keep-sets of `plan` from a scorer's keep masks: keep[t] is task t's [num_tokens]
+// slot-order mask. kInvalidArgument when the masks do not match the plan.
+absl::StatusOr<std::vector<KeepSet>> KeepSetsFromMasks(
+    const ScoringPlan& plan, absl::Span<const absl::Span<const uint8_t>> keep);
 
 class PolicyState {
  public:
@@ -61,6 +91,15 @@ class PolicyState {
                                                         absl::Span<const int32_t> due,
                                                         int32_t current_position) = 0;
 
+  // Plans what Compress(layer, heads, due, current_position) would do for a scorer outside
+  // the policy to carry out; heads may come without keys (positions only). Advances the
+  // policy state exactly as Compress does (beacon draws), so call one or the other per event.
+  // kUnimplemented for policies whose selection is not "score each head, keep protected +
+  // k best" (full, streaming, h2o, rkv, rpc, pooled budgets): run Compress for those.
+  virtual absl::StatusOr<ScoringPlan> PlanScoring(int32_t layer, absl::Span<const HeadKeys> heads,
+                                                  absl::Span<const int32_t> due,
+                                                  int32_t current_position);
+
   // Bytes of per-sequence state held now, and at most (buffers at capacity).
   virtual int64_t StateBytes() const = 0;
 
@@ -69,11 +108,14 @@ class PolicyState {
       : geometry_(geometry), prompt_len_(prompt_len) {}
 
   absl::Status CheckHead(int32_t layer, int32_t kv_head) const;
-  absl::Status CheckKeys(int32_t layer, int32_t kv_head, const HeadKeys& keys) const;
+  // need_keys false: positions only (PlanScoring).
+  absl::Status CheckKeys(int32_t layer, int32_t kv_head, const HeadKeys& keys,
+                         bool need_keys = true) const;
   // Head in range and the step's query pointers set.
   absl::Status CheckStep(int32_t layer, int32_t kv_head, const StepQueries& step) const;
   absl::Status CheckCompressArgs(int32_t layer, absl::Span<const HeadKeys> heads,
-                                 absl::Span<const int32_t> due, bool all_heads) const;
+                                 absl::Span<const int32_t> due, bool all_heads,
+                                 bool need_keys = true) const;
 
   // What a policy that scores each head on its own (streaming, h2o, tova, snapkv, rkv,
   // beacon) tells CompressScored.
@@ -97,6 +139,27 @@ class PolicyState {
                                                       absl::Span<const HeadKeys> heads,
                                                       absl::Span<const int32_t> due,
                                                       const ScoringHooks& hooks) const;
+
+  // What a policy that can hand its scoring to an external scorer tells PlanScored.
+  struct PlanHooks {
+    int64_t budget = 0;
+    ScoringPlan shape;  // group_size, spec, pooling; tasks empty
+    // Same as ScoringHooks::protect.
+    absl::FunctionRef<void(int32_t kv_head, const OrderedHead& ordered,
+                           std::vector<uint8_t>* protect)>
+        protect;
+    // Writes the head's observation queries ([rows, group_size, head_dim]) into *queries and
+    // returns rows; may mark more tokens of `protect` (position order, never empty here) that
+    // must be kept before any scored one (beacon's coverage sample).
+    absl::FunctionRef<int32_t(int32_t kv_head, const OrderedHead& ordered,
+                              std::vector<uint8_t>* protect, std::vector<float>* queries)>
+        rows;
+  };
+  // The uniform-budget skeleton of PlanScoring: checks the arguments as CompressScored does
+  // (keys may be null) and plans each due head over budget in slot order.
+  absl::StatusOr<ScoringPlan> PlanScored(int32_t layer, absl::Span<const HeadKeys> heads,
+                                         absl::Span<const int32_t> due,
+                                         const PlanHooks& hooks) const;
 
   PolicyGeometry geometry_;
   int32_t prompt_len_;

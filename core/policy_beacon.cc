@@ -45,23 +45,52 @@ class BeaconState final : public PolicyState {
   absl::StatusOr<std::vector<KeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
                                                 absl::Span<const int32_t> due,
                                                 int32_t current_position) override {
-    return CompressScored(
+    return CompressScored(layer, heads, due,
+                          {config_.budget_mode, config_.budget,
+                           [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
+                             *protect = ProtectMask(ordered);
+                           },
+                           [&](int32_t h, const OrderedHead& ordered,
+                               absl::Span<const uint8_t> protect, absl::Span<float> scores) {
+                             ScoreHead(geometry_.HeadIndex(layer, h), ordered, current_position,
+                                       scores.data());
+                             if (!IsCoverage(layer)) return;
+                             // The evenly spaced sample is kept first (scores are probabilities <=
+                             // 1, so +2 puts it above every other token); the slots its empty
+                             // strata leave go by score.
+                             for (int32_t i : CoverageFor(ordered, protect)) scores[i] += 2.0f;
+                           }});
+  }
+
+  absl::StatusOr<ScoringPlan> PlanScoring(int32_t layer, absl::Span<const HeadKeys> heads,
+                                          absl::Span<const int32_t> due,
+                                          int32_t current_position) override {
+    if (config_.budget_mode != BudgetMode::kUniform) {
+      return absl::UnimplementedError(
+          "policy beacon: pooled budgets select across the heads of a layer; run Compress");
+    }
+    ScoringPlan shape;
+    shape.group_size = 1;
+    shape.spec = {GqaReduction::kMaxProbs, QueryReduction::kMax};
+    shape.pooling = Pooling::kMax;
+    shape.pool_kernel = config_.pool_kernel;
+    return PlanScored(
         layer, heads, due,
-        {config_.budget_mode, config_.budget,
+        {config_.budget, std::move(shape),
          [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
            *protect = ProtectMask(ordered);
          },
-         [&](int32_t h, const OrderedHead& ordered, absl::Span<const uint8_t> protect,
-             absl::Span<float> scores) {
-           ScoreHead(geometry_.HeadIndex(layer, h), ordered, current_position, scores.data());
-           if (!IsCoverage(layer)) return;
-           // The evenly spaced sample is kept first (scores are probabilities <= 1, so +2 puts
-           // it above every other token); the slots its empty strata leave go by score.
-           const int64_t free = config_.budget - std::count(protect.begin(), protect.end(), 1);
-           for (int32_t i : CoverageUnprotected(
-                    absl::MakeConstSpan(ordered.positions(), ordered.size()), protect, free)) {
-             scores[i] += 2.0f;
+         [&](int32_t h, const OrderedHead& ordered, std::vector<uint8_t>* protect,
+             std::vector<float>* queries) {
+           const int32_t rows = BuildRows(geometry_.HeadIndex(layer, h), current_position);
+           queries->assign(queries_.begin(),
+                           queries_.begin() + static_cast<ptrdiff_t>(rows) * geometry_.head_dim());
+           // Compress adds 2 to the sample's scores after pooling, which puts all of it above
+           // every scored token: the same set as keeping it outright beside the protected ones.
+           if (IsCoverage(layer)) {
+             for (int32_t i : CoverageFor(ordered, *protect)) (*protect)[i] = 1;
            }
+           return rows;
          }});
   }
 
@@ -89,8 +118,28 @@ class BeaconState final : public PolicyState {
     return protect;
   }
 
+  // The coverage layers' evenly spaced sample of the unprotected tokens, sized to the budget
+  // the protected ones leave.
+  std::vector<int32_t> CoverageFor(const OrderedHead& ordered,
+                                   absl::Span<const uint8_t> protect) const {
+    const int64_t free = config_.budget - std::count(protect.begin(), protect.end(), 1);
+    return CoverageUnprotected(absl::MakeConstSpan(ordered.positions(), ordered.size()), protect,
+                               free);
+  }
+
   void ScoreHead(int32_t head_index, const OrderedHead& ordered, int32_t current_position,
                  float* scores) {
+    const int32_t d = geometry_.head_dim();
+    const int32_t rows = BuildRows(head_index, current_position);
+    const int32_t n = ordered.size();
+    AttentionScores(ordered.keys(), 0, n, d, queries_.data(), rows, 1,
+                    {GqaReduction::kMaxProbs, QueryReduction::kMax}, scores, &scratch_);
+    Pool1d(Pooling::kMax, config_.pool_kernel, absl::MakeSpan(scores, n));
+  }
+
+  // Fills queries_ with the head's observation rows (every recent post-RoPE query of every
+  // query head, then the beacons rotated to current_position); returns their number.
+  int32_t BuildRows(int32_t head_index, int32_t current_position) {
     const int32_t d = geometry_.head_dim();
     const int32_t g = geometry_.group_size;
     const QueryRing& ring = rings_[head_index];
@@ -103,10 +152,7 @@ class BeaconState final : public PolicyState {
     ring.CopyOrdered(queries_.data());
     std::copy(beacons_.begin(), beacons_.end(),
               queries_.begin() + static_cast<ptrdiff_t>(recent_rows) * d);
-    const int32_t n = ordered.size();
-    AttentionScores(ordered.keys(), 0, n, d, queries_.data(), recent_rows + beacons, 1,
-                    {GqaReduction::kMaxProbs, QueryReduction::kMax}, scores, &scratch_);
-    Pool1d(Pooling::kMax, config_.pool_kernel, absl::MakeSpan(scores, n));
+    return recent_rows + beacons;
   }
 
   BeaconConfig config_;

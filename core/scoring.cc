@@ -331,15 +331,16 @@ OrderedHead::OrderedHead(const HeadKeys& head, int32_t head_dim)
   std::iota(order_.begin(), order_.end(), 0);
   std::sort(order_.begin(), order_.end(),
             [&](int32_t a, int32_t b) { return head.positions[a] < head.positions[b]; });
-  gathered_.resize(static_cast<size_t>(num_tokens_) * head_dim);
   sorted_pos_.resize(num_tokens_);
+  for (int32_t i = 0; i < num_tokens_; ++i) sorted_pos_[i] = head.positions[order_[i]];
+  positions_ = sorted_pos_.data();
+  if (head.keys == nullptr) return;  // positions only (planning for an external scorer)
+  gathered_.resize(static_cast<size_t>(num_tokens_) * head_dim);
   for (int32_t i = 0; i < num_tokens_; ++i) {
     std::copy_n(head.keys + static_cast<size_t>(order_[i]) * head_dim, head_dim,
                 gathered_.data() + static_cast<size_t>(i) * head_dim);
-    sorted_pos_[i] = head.positions[order_[i]];
   }
   keys_ = gathered_.data();
-  positions_ = sorted_pos_.data();
 }
 
 void SoftmaxInPlace(float* x, int32_t n) {

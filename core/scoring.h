@@ -33,7 +33,8 @@ const char* QueryReductionName(QueryReduction r);
 const char* PoolingName(Pooling p);
 
 // A head's keys reordered by position (oldest first). Gathers only when slot order differs
-// from position order.
+// from position order. A HeadKeys without keys (keys == nullptr) gives the order and the
+// positions only; keys() is then null.
 class OrderedHead {
  public:
   OrderedHead(const HeadKeys& head, int32_t head_dim);
@@ -57,6 +58,7 @@ class OrderedHead {
 struct ScoreSpec {
   GqaReduction gqa = GqaReduction::kMaxProbs;
   QueryReduction query = QueryReduction::kMax;
+  bool operator==(const ScoreSpec&) const = default;
 };
 
 // Reusable buffers so a compression event allocates once.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <utility>
 
@@ -22,7 +23,12 @@ double Now() {
 class ScopedTimer {
  public:
   explicit ScopedTimer(double* acc) : acc_(acc), start_(Now()) {}
-  ~ScopedTimer() { *acc_ += Now() - start_; }
+  ~ScopedTimer() { Stop(); }
+  // Adds the time so far and stops counting (before a callee that keeps its own time).
+  void Stop() {
+    if (acc_ != nullptr) *acc_ += Now() - start_;
+    acc_ = nullptr;
+  }
 
  private:
   double* acc_;
@@ -72,7 +78,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(ModelWeights weights,
 
 Engine::Engine(const EngineConfig& config, ModelRunner runner, std::unique_ptr<CpuKvStore> store,
                std::unique_ptr<BlockManager> bm)
-    : config_(config), runner_(std::move(runner)), store_(std::move(store)), bm_(std::move(bm)) {}
+    : config_(config), runner_(std::move(runner)), store_(std::move(store)), bm_(std::move(bm)) {
+  if (config_.scorer == ScorerKind::kPaged)
+    scorer_ = std::make_unique<PagedTwinScorer>(store_.get());
+}
 
 int32_t Engine::PromptBlocks(int64_t tokens) const {
   return bm_->shape().num_heads_total() * bm_->shape().BlocksFor(tokens);
@@ -216,16 +225,17 @@ HeadKeys Engine::GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vec
                             std::vector<int32_t>* positions) const {
   const int32_t n = BKV_CHECK_VALUE(bm_->RetainedTokens(id, layer, kv_head));
   const int32_t d = runner_.config().head_dim;
-  keys->resize(static_cast<size_t>(n) * d);
+  if (keys != nullptr) keys->resize(static_cast<size_t>(n) * d);
   positions->resize(n);
   const absl::Span<const BlockId> table = BKV_CHECK_VALUE(bm_->BlockTable(id, layer, kv_head));
   const int32_t bs = bm_->shape().block_size;
   for (int32_t j = 0; j < n; ++j) {
     const SlotRef slot{table[j / bs], j % bs};
-    std::copy_n(store_->key(slot), d, keys->data() + static_cast<size_t>(j) * d);
+    if (keys != nullptr)
+      std::copy_n(store_->key(slot), d, keys->data() + static_cast<size_t>(j) * d);
     (*positions)[j] = store_->position(slot);
   }
-  return HeadKeys{keys->data(), positions->data(), n};
+  return HeadKeys{keys != nullptr ? keys->data() : nullptr, positions->data(), n};
 }
 
 int32_t Engine::PeakBlocks(const SeqState& s, int64_t prefill_len) const {
@@ -512,47 +522,138 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
     if (Accept(*states[b], absl::MakeConstSpan(logits).subspan(b * vocab, vocab)))
       done.push_back(ids[b]);
   }
+  std::vector<int64_t> compress;
   for (int64_t b = 0; b < rows; ++b) {
-    if (states[b]->out.finish_reason != FinishReason::kRunning) continue;
-    BKV_RETURN_IF_ERROR(Compress(ids[b]));
+    if (states[b]->out.finish_reason == FinishReason::kRunning) compress.push_back(ids[b]);
+  }
+  if (scorer_ != nullptr) {
+    BKV_RETURN_IF_ERROR(CompressWithScorer(compress));
+  } else {
+    for (int64_t id : compress) BKV_RETURN_IF_ERROR(Compress(id));
   }
   for (int64_t id : done) Finish(id, finished);
   return absl::OkStatus();
 }
 
+std::vector<int32_t> Engine::DueHeads(SeqState& s, int32_t layer) {
+  const int32_t kv_heads = runner_.config().num_kv_heads;
+  std::vector<int32_t> head_tokens(kv_heads);
+  for (int32_t g = 0; g < kv_heads; ++g)
+    head_tokens[g] = BKV_CHECK_VALUE(bm_->RetainedTokens(s.out.id, layer, g));
+  ScopedTimer t(&stats_.time_selection);
+  return s.policy->DueHeads(layer, head_tokens);
+}
+
 absl::Status Engine::Compress(int64_t id) {
   SeqState& s = *seqs_.at(id);
-  const ModelConfig& mc = runner_.config();
-  std::vector<int32_t> head_tokens(mc.num_kv_heads);
   const int32_t current = BKV_CHECK_VALUE(bm_->NextPosition(id)) - 1;
-  for (int32_t l = 0; l < mc.num_layers; ++l) {
-    for (int32_t g = 0; g < mc.num_kv_heads; ++g)
-      head_tokens[g] = BKV_CHECK_VALUE(bm_->RetainedTokens(id, l, g));
-    std::vector<int32_t> due;
-    {
+  for (int32_t l = 0; l < runner_.config().num_layers; ++l) {
+    const std::vector<int32_t> due = DueHeads(s, l);
+    if (!due.empty()) BKV_RETURN_IF_ERROR(CompressLayer(id, l, due, current));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::CompressLayer(int64_t id, int32_t layer, absl::Span<const int32_t> due,
+                                   int32_t current) {
+  SeqState& s = *seqs_.at(id);
+  const int32_t kv_heads = runner_.config().num_kv_heads;
+  std::vector<KeepSet> keep;
+  std::vector<std::vector<int32_t>> positions(kv_heads);  // [kv_head][slot]
+  {
+    ScopedTimer t(&stats_.time_selection);
+    std::vector<std::vector<float>> keys(kv_heads);
+    std::vector<HeadKeys> heads(kv_heads);
+    for (int32_t g = 0; g < kv_heads; ++g)
+      heads[g] = GatherKeys(id, layer, g, &keys[g], &positions[g]);
+    BKV_ASSIGN_OR_RETURN(keep, s.policy->Compress(layer, heads, due, current));
+  }
+  return ApplyCompression(s, keep, positions, current);
+}
+
+absl::Status Engine::ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep,
+                                      const std::vector<std::vector<int32_t>>& positions,
+                                      int32_t current) {
+  ScopedTimer t(&stats_.time_compaction);
+  BKV_ASSIGN_OR_RETURN(CompactionPlan plan, bm_->ApplyKeepSets(s.out.id, keep));
+  if (s.request.record_evictions) {  // keep-sets ApplyKeepSets accepted: ascending, in range
+    for (const KeepSet& hk : keep) RecordEvictions(s, hk, positions[hk.kv_head], current);
+  }
+  ++stats_.compressions;
+  stats_.tokens_evicted += plan.tokens_evicted;
+  stats_.blocks_freed_by_eviction += plan.blocks_freed;
+  s.out.tokens_evicted += plan.tokens_evicted;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::CompressWithScorer(absl::Span<const int64_t> ids) {
+  struct Planned {
+    int64_t id;
+    int32_t current;
+    ScoringPlan plan;
+    std::vector<std::vector<int32_t>> positions;  // [kv_head][slot]
+    std::vector<std::vector<BlockId>> tables;     // [task], copies: applying changes tables
+  };
+  const int32_t kv_heads = runner_.config().num_kv_heads;
+  std::vector<Planned> planned;
+  for (int64_t id : ids) {
+    SeqState& s = *seqs_.at(id);
+    const int32_t current = BKV_CHECK_VALUE(bm_->NextPosition(id)) - 1;
+    for (int32_t l = 0; l < runner_.config().num_layers; ++l) {
+      const std::vector<int32_t> due = DueHeads(s, l);
+      if (due.empty()) continue;
       ScopedTimer t(&stats_.time_selection);
-      due = s.policy->DueHeads(l, head_tokens);
+      Planned p{id, current, {}, std::vector<std::vector<int32_t>>(kv_heads), {}};
+      std::vector<HeadKeys> heads(kv_heads);
+      for (int32_t g = 0; g < kv_heads; ++g)
+        heads[g] = GatherKeys(id, l, g, nullptr, &p.positions[g]);
+      absl::StatusOr<ScoringPlan> plan = s.policy->PlanScoring(l, heads, due, current);
+      if (absl::IsUnimplemented(plan.status())) {
+        t.Stop();
+        BKV_RETURN_IF_ERROR(CompressLayer(id, l, due, current));
+        continue;
+      }
+      BKV_RETURN_IF_ERROR(plan.status());
+      p.plan = *std::move(plan);
+      for (const ScoringTask& task : p.plan.tasks) {
+        const absl::Span<const BlockId> table =
+            BKV_CHECK_VALUE(bm_->BlockTable(id, l, task.kv_head));
+        p.tables.emplace_back(table.begin(), table.end());
+      }
+      planned.push_back(std::move(p));
     }
-    if (due.empty()) continue;
-    std::vector<KeepSet> keep;
-    std::vector<std::vector<int32_t>> positions(mc.num_kv_heads);  // [kv_head][slot]
-    {
-      ScopedTimer t(&stats_.time_selection);
-      std::vector<std::vector<float>> keys(mc.num_kv_heads);
-      std::vector<HeadKeys> heads(mc.num_kv_heads);
-      for (int32_t g = 0; g < mc.num_kv_heads; ++g)
-        heads[g] = GatherKeys(id, l, g, &keys[g], &positions[g]);
-      BKV_ASSIGN_OR_RETURN(keep, s.policy->Compress(l, heads, due, current));
+  }
+  // One scorer call per distinct scoring shape (one, unless requests run different policies).
+  const int32_t d = runner_.config().head_dim, bs = bm_->shape().block_size;
+  std::vector<std::vector<absl::Span<const uint8_t>>> masks(planned.size());
+  std::deque<ScoringResult> results;  // masks point into these
+  std::vector<uint8_t> done(planned.size(), 0);
+  {
+    ScopedTimer t(&stats_.time_selection);
+    for (size_t first = 0; first < planned.size(); ++first) {
+      if (done[first]) continue;
+      const ScoringShape shape = ScoringShape::Of(planned[first].plan, d, bs);
+      std::vector<ScoringJob> jobs;
+      std::vector<std::pair<size_t, size_t>> owner;  // (planned, task) of each job
+      for (size_t i = first; i < planned.size(); ++i) {
+        if (done[i] || !(ScoringShape::Of(planned[i].plan, d, bs) == shape)) continue;
+        done[i] = 1;
+        for (size_t t = 0; t < planned[i].plan.tasks.size(); ++t) {
+          const ScoringTask& task = planned[i].plan.tasks[t];
+          jobs.push_back({planned[i].tables[t], planned[i].positions[task.kv_head], &task});
+          owner.emplace_back(i, t);
+        }
+      }
+      results.emplace_back();
+      BKV_RETURN_IF_ERROR(scorer_->Score(shape, jobs, &results.back()));
+      for (size_t j = 0; j < jobs.size(); ++j)
+        masks[owner[j].first].push_back(results.back().KeepOf(static_cast<int32_t>(j)));
     }
-    ScopedTimer t(&stats_.time_compaction);
-    BKV_ASSIGN_OR_RETURN(CompactionPlan plan, bm_->ApplyKeepSets(id, keep));
-    if (s.request.record_evictions) {  // keep-sets ApplyKeepSets accepted: ascending, in range
-      for (const KeepSet& hk : keep) RecordEvictions(s, hk, positions[hk.kv_head], current);
-    }
-    ++stats_.compressions;
-    stats_.tokens_evicted += plan.tokens_evicted;
-    stats_.blocks_freed_by_eviction += plan.blocks_freed;
-    s.out.tokens_evicted += plan.tokens_evicted;
+  }
+  for (size_t i = 0; i < planned.size(); ++i) {
+    Planned& p = planned[i];
+    BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> keep, KeepSetsFromMasks(p.plan, masks[i]));
+    BKV_RETURN_IF_ERROR(ApplyCompression(*seqs_.at(p.id), keep, p.positions, p.current));
   }
   return absl::OkStatus();
 }

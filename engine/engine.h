@@ -26,6 +26,7 @@
 #include "core/policy.h"
 #include "engine/engine_types.h"
 #include "engine/model_runner.h"
+#include "kernels/scorer.h"
 
 namespace beaconkv {
 
@@ -94,9 +95,22 @@ class Engine {
   absl::Status Preempt(int64_t id);
   absl::Status DecodeStep(std::vector<RequestOutput>* finished);
   absl::Status Compress(int64_t id);
+  // The kPaged path: plans every due (sequence, layer) of `ids`, scores all planned heads in
+  // one scorer call, then applies the keep-sets; layers without a plan run CompressLayer.
+  absl::Status CompressWithScorer(absl::Span<const int64_t> ids);
+  // Runs the policy's Compress on `due` heads of one layer and applies the keep-sets.
+  absl::Status CompressLayer(int64_t id, int32_t layer, absl::Span<const int32_t> due,
+                             int32_t current);
+  // ApplyKeepSets plus the statistics and eviction record of one compressed layer.
+  absl::Status ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep,
+                                const std::vector<std::vector<int32_t>>& positions,
+                                int32_t current);
+  // The kv_heads of `layer` due now (the policy's trigger on the retained counts).
+  std::vector<int32_t> DueHeads(SeqState& s, int32_t layer);
   void Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t position, const float* pre,
                const float* post);
-  // Copies a head's keys (slot order) and positions into `keys` / `positions`.
+  // Copies a head's keys (slot order) and positions into `keys` / `positions`; keys ==
+  // nullptr: positions only (the returned HeadKeys has no keys).
   HeadKeys GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vector<float>* keys,
                       std::vector<int32_t>* positions) const;
   // Appends to s.evictions the positions of `positions` (one head's, slot order) that
@@ -122,6 +136,7 @@ class Engine {
   ModelRunner runner_;
   std::unique_ptr<CpuKvStore> store_;
   std::unique_ptr<BlockManager> bm_;
+  std::unique_ptr<Scorer> scorer_;  // config_.scorer == kPaged
   absl::flat_hash_map<int64_t, std::unique_ptr<SeqState>> seqs_;
   std::deque<int64_t> waiting_;
   std::vector<int64_t> running_;  // admission order: the back is preempted first

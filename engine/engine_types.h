@@ -20,6 +20,13 @@ enum class PreemptionMode { kRecompute, kSwap };
 // policies never preempt; unbounded policies (full, pooled, rpc) stay optimistic.
 enum class AdmissionMode { kOptimistic, kReserve };
 
+// Where a compression event's scoring and selection run. kHost: the policy's own Compress
+// (position order, the reference). kPaged: the policy plans (PlanScoring) and the device
+// pipeline's CPU twin (kernels/scorer.h) scores every due head of the step through its block
+// table in one call, as the GPU would; policies without a plan (full, streaming, h2o, rkv,
+// rpc, pooled budgets) still run Compress. Same keep-sets up to the scores' rounding.
+enum class ScorerKind { kHost, kPaged };
+
 struct EngineConfig {
   int32_t block_size = 16;
   // Device pool size counting the null block. 0: room for max_batch sequences of
@@ -40,6 +47,7 @@ struct EngineConfig {
   int32_t max_model_len = 0;      // 0 = the model's max_position_embeddings
   int32_t eos_token_id = -1;      // -1: from the tokenizer (FromModelDir) / never stop on eos
   bool verify_integrity = false;  // VerifyIntegrity() after every step (tests)
+  ScorerKind scorer = ScorerKind::kHost;
   bool allow_nonfinite_weights = false;  // FromModelDir: NaN/Inf weights warn instead of fail
 };
 

@@ -46,9 +46,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
               num_blocks=args.kv_blocks, preemption=args.preemption, progress=sys.stderr,
               policy_knobs=args.knob)
     if args.teacher_forced:
+        if args.scorer != "host":
+            raise SystemExit("beaconkv eval: --teacher-forced runs the host scorer only")
         r = evaluate_teacher_forced(args.model, args.split, args.policy, args.budget, **kw)
     else:
-        r = evaluate(args.model, args.split, args.policy, args.budget, **kw).as_dict()
+        r = evaluate(args.model, args.split, args.policy, args.budget, scorer=args.scorer,
+                     **kw).as_dict()
     line = (f"policy={r['policy']} budget={r['budget']} problems={r['num_problems']} "
             f"accuracy={r['accuracy']:.3f} mean_generated={r['mean_generated_tokens']:.0f} "
             f"peak_kv/seq={r['peak_kv_tokens_per_seq']:.0f} "
@@ -117,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--preemption", choices=["recompute", "swap"], default="recompute",
                    help="what a preempted sequence does: recompute (re-prefill later) or swap "
                         "(to host memory and back)")
+    e.add_argument("--scorer", choices=["host", "paged"], default="host",
+                   help="where compressions score and select: host (the policy, the reference) "
+                        "or paged (the GPU pipeline's CPU twin over the block tables, all due "
+                        "heads of a step in one call)")
     e.add_argument("--json", help="write the result as JSON here")
     e.add_argument("--teacher-forced", action="store_true",
                    help="feed the reference outputs; compare with the full cache")

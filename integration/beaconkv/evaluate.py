@@ -83,8 +83,11 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
              num_blocks: int = 0, preemption: str = "recompute", max_new_tokens: int = 0,
              progress: TextIO | None = None, policy_knobs: dict | list | None = None,
              on_output: Callable[[dict, dict], None] | None = None,
-             interval: int | None = None) -> EvalResult:
+             interval: int | None = None, scorer: str = "host") -> EvalResult:
     """Greedy-decodes the first `num` problems of `split` with `policy` at `budget`.
+
+    `scorer`: ``host`` (the policy scores in the engine) or ``paged`` (the device pipeline's
+    CPU twin scores every due head of a step through the block tables).
 
     `policy` (``NAME[-pooled][:KNOB=VALUE,...]``), `budget`, `interval` and `policy_knobs` go
     to the core's registry (``beaconkv.make_policy_config``), as in every entry point."""
@@ -96,7 +99,8 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
     tok = CharTokenizer.load(model_dir)
     cfg = beaconkv.make_policy_config(policy, budget, interval=interval, knobs=policy_knobs)
     engine = beaconkv.Engine(model_dir, policy=cfg, block_size=block_size,
-                             num_blocks=num_blocks, max_batch=max_batch, preemption=preemption)
+                             num_blocks=num_blocks, max_batch=max_batch, preemption=preemption,
+                             scorer=scorer)
     limit = max_new_tokens or 2 * max(len(p["target"]) for p in problems) + 16
     for i, p in enumerate(problems):
         engine.add_request(i, [tok.bos_id] + tok.encode(p["prompt"]), max_new_tokens=limit)

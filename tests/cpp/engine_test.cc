@@ -6,6 +6,7 @@
 
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "tests/cpp/random_model.h"
 
@@ -150,6 +151,63 @@ TEST(EngineTest, EvictionBoundsTheCacheAndFreesBlocks) {
     EXPECT_EQ(o.output.size(), 60u);
     EXPECT_LE(o.peak_retained_tokens, 12 + 4);  // budget + interval
     EXPECT_GT(o.tokens_evicted, 0);
+  }
+}
+
+// The device pipeline's CPU twin (scorer=paged: the policy plans, every due head of a step is
+// scored through its block table in one call) makes the host path's decisions: same tokens,
+// same evictions, same blocks freed, with and without pooling and the coverage layer, under
+// memory pressure with both preemption modes.
+class PagedScorerTest : public ::testing::TestWithParam<std::tuple<int32_t, int32_t, bool>> {};
+
+TEST_P(PagedScorerTest, MakesTheHostPathsDecisions) {
+  const auto [pool_kernel, coverage, swap] = GetParam();
+  EngineConfig c;
+  c.block_size = 4;
+  BeaconConfig b = SmallBeacon();
+  b.pool_kernel = pool_kernel;
+  b.coverage_layers = coverage;
+  c.policy = b;
+  c.num_blocks = 50;  // room for about three of the five sequences at their peak: preemption
+  c.preemption = swap ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
+  EngineStats host_stats, paged_stats;
+  const auto host = RunAll(c, 60, &host_stats);
+  c.scorer = ScorerKind::kPaged;
+  const auto paged = RunAll(c, 60, &paged_stats);
+  EXPECT_EQ(Tokens(paged), Tokens(host));
+  EXPECT_GT(host_stats.compressions, 10);
+  EXPECT_GT(paged_stats.preemptions_recompute + paged_stats.preemptions_swap, 0);
+  EXPECT_EQ(paged_stats.preemptions_recompute, host_stats.preemptions_recompute);
+  EXPECT_EQ(paged_stats.preemptions_swap, host_stats.preemptions_swap);
+  EXPECT_EQ(paged_stats.compressions, host_stats.compressions);
+  EXPECT_EQ(paged_stats.tokens_evicted, host_stats.tokens_evicted);
+  EXPECT_EQ(paged_stats.blocks_freed_by_eviction, host_stats.blocks_freed_by_eviction);
+  for (const auto& [id, o] : paged) EXPECT_EQ(o.tokens_evicted, host.at(id).tokens_evicted);
+}
+
+INSTANTIATE_TEST_SUITE_P(Knobs, PagedScorerTest,
+                         ::testing::Values(std::tuple{1, 1, false}, std::tuple{3, 0, false},
+                                           std::tuple{5, 2, true}));
+
+// Policies without a plan (and pooled budgets) run their own Compress under scorer=paged.
+TEST(EngineTest, PagedScorerFallsBackToCompressForPoliciesWithoutAPlan) {
+  SnapKvConfig snap;
+  snap.budget = 12;
+  snap.interval = 4;
+  snap.window = 2;
+  snap.pool_kernel = 3;
+  BeaconConfig pooled = SmallBeacon();
+  pooled.budget_mode = BudgetMode::kPooled;
+  for (const PolicyConfig& policy : std::vector<PolicyConfig>{snap, pooled}) {
+    EngineConfig c;
+    c.block_size = 4;
+    c.policy = policy;
+    EngineStats host_stats, paged_stats;
+    const auto host = RunAll(c, 40, &host_stats);
+    c.scorer = ScorerKind::kPaged;
+    EXPECT_EQ(Tokens(RunAll(c, 40, &paged_stats)), Tokens(host)) << PolicyName(policy);
+    EXPECT_GT(paged_stats.compressions, 0);
+    EXPECT_EQ(paged_stats.tokens_evicted, host_stats.tokens_evicted);
   }
 }
 

@@ -151,3 +151,19 @@ def test_every_option_has_help_and_the_docstring_names_every_subcommand():
     assert all(name in cli.build_parser()._subparsers._group_actions[0].choices["eval"]
                .format_help().replace("\n", " ").replace("  ", " ")
                for name in beaconkv.policy_names())
+
+
+def test_eval_with_the_paged_scorer_agrees_with_the_host_scorer(tmp_path):
+    results = {}
+    for scorer in ("host", "paged"):
+        out = tmp_path / f"{scorer}.json"
+        r = cli("eval", "--model", MODEL, "--split", "dev", "--num", "2", "--policy", "beacon",
+                "--budget", "64", "--knob", "interval=16", "--scorer", scorer,
+                "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        results[scorer] = json.loads(out.read_text())
+    for key in ("accuracy", "mean_generated_tokens", "peak_kv_tokens_per_seq"):
+        assert results["paged"][key] == results["host"][key], key
+    r = cli("eval", "--model", MODEL, "--split", "dev", "--num", "1", "--teacher-forced",
+            "--scorer", "paged")
+    assert r.returncode != 0 and "host scorer only" in r.stderr

@@ -188,3 +188,28 @@ def test_gemm_path_agrees_with_the_batch_invariant_path(prompts, tok):
     greedy_exact, _ = generate(ids, max_new=60, max_batch=4)
     greedy_fast, _ = generate(ids, max_new=60, max_batch=4, batch_invariant=False)
     assert greedy_fast == greedy_exact
+
+
+def test_paged_scorer_makes_the_host_decisions_on_the_shipped_model(prompts):
+    """scorer="paged" (the GPU pipeline's CPU twin over the block tables) against the policy's
+    own scoring: the tiny model's greedy tokens and evictions are the same, under eviction
+    at the shipped beacon defaults squeezed to a short generation."""
+    ids, _ = prompts
+    policy = beaconkv.make_policy_config("beacon", 64, interval=16)
+    host, host_eng, host_outs = generate(ids, max_new=300, with_outputs=True, policy=policy,
+                                         max_batch=4)
+    paged, paged_eng, paged_outs = generate(ids, max_new=300, with_outputs=True, policy=policy,
+                                            max_batch=4, scorer="paged")
+    assert paged == host
+    host_stats = json.loads(host_eng.stats_json())
+    paged_stats = json.loads(paged_eng.stats_json())
+    assert host_stats["compressions"] > 0
+    for key in ("compressions", "tokens_evicted", "blocks_freed_by_eviction"):
+        assert paged_stats[key] == host_stats[key], key
+    assert [o["tokens_evicted"] for o in paged_outs.values()] == \
+        [o["tokens_evicted"] for o in host_outs.values()]
+
+
+def test_unknown_scorer_is_a_clear_error():
+    with pytest.raises(ValueError, match="scorer must be 'host' or 'paged'"):
+        beaconkv.Engine(MODEL, scorer="gpu")

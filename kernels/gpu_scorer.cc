@@ -1,0 +1,119 @@
+#include "kernels/gpu_scorer.h"
+
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "kernels/paged_scores.h"
+#include "kernels/scorer_shapes.h"
+#include "kernels/segmented_topk.h"
+
+namespace beaconkv::kernels {
+namespace {
+
+enum Buf {
+  kTables,
+  kLengths,
+  kTableOfHead,
+  kQueries,
+  kQueryOffsets,
+  kOffsets,
+  kPositions,
+  kProtect,
+  kK,
+  kScores,
+  kKeep,
+  kTemp,
+};
+
+absl::Status CudaError(cudaError_t e, const char* what) {
+  return absl::InternalError(
+      absl::StrFormat("GpuScorer: %s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e)));
+}
+
+}  // namespace
+
+GpuScorer::GpuScorer(const CudaKvStore* store, cudaStream_t stream)
+    : store_(store), stream_(stream) {}
+
+GpuScorer::~GpuScorer() {
+  for (void* p : buffers_) cudaFree(p);
+}
+
+void* GpuScorer::Buffer(int which, size_t bytes, cudaError_t* error) {
+  if (bytes == 0) bytes = 16;
+  if (bytes > sizes_[which]) {
+    cudaFree(buffers_[which]);
+    buffers_[which] = nullptr;
+    sizes_[which] = 0;
+    if ((*error = cudaMalloc(&buffers_[which], bytes)) != cudaSuccess) return nullptr;
+    sizes_[which] = bytes;
+  }
+  return buffers_[which];
+}
+
+absl::Status GpuScorer::Score(const ScoringShape& shape, absl::Span<const ScoringJob> jobs,
+                              ScoringResult* result) {
+  if (shape.spec.gqa == GqaReduction::kMaxLogits) {
+    return absl::InvalidArgumentError("GpuScorer: the kMaxLogits GQA reduction is CPU-only");
+  }
+  const StoreShape store{store_->head_dim(), store_->block_size(), store_->num_blocks()};
+  if (absl::Status s = PrepareScoring("GpuScorer", store, shape, jobs, &batch_, result); !s.ok())
+    return s;
+  const int32_t items = batch_.offsets.back();
+  if (batch_.num_jobs == 0) return absl::OkStatus();
+  const internal_scorer::KernelShapes ks = internal_scorer::ToKernelShapes(shape, batch_);
+
+  cudaError_t e = cudaSuccess;
+  // Uploads a host vector into buffer `which`; returns its device copy (null on error).
+  auto up = [&](int which, const auto& v) -> decltype(v.data()) {
+    const size_t bytes = v.size() * sizeof(v[0]);
+    void* d = Buffer(which, bytes, &e);
+    if (d == nullptr) return nullptr;
+    if (bytes > 0 &&
+        (e = cudaMemcpyAsync(d, v.data(), bytes, cudaMemcpyHostToDevice, stream_)) != cudaSuccess)
+      return nullptr;
+    return static_cast<decltype(v.data())>(d);
+  };
+  const int32_t* tables = up(kTables, batch_.tables);
+  const int32_t* lengths = up(kLengths, batch_.lengths);
+  const int32_t* table_of_head = up(kTableOfHead, batch_.table_of_head);
+  const float* queries = up(kQueries, batch_.queries);
+  const int32_t* query_offsets = up(kQueryOffsets, batch_.query_offsets);
+  const int32_t* offsets = up(kOffsets, batch_.offsets);
+  const int32_t* positions = up(kPositions, batch_.positions);
+  const uint8_t* protect = up(kProtect, batch_.protect);
+  const int32_t* k = up(kK, batch_.k);
+  if (e != cudaSuccess) return CudaError(e, "upload");
+  auto* scores = static_cast<float*>(Buffer(kScores, items * sizeof(float), &e));
+  auto* keep = static_cast<uint8_t*>(Buffer(kKeep, items, &e));
+  if (e != cudaSuccess) return CudaError(e, "cudaMalloc");
+
+  if ((e = PagedAttentionScores(store_->keys(), tables, lengths, table_of_head, queries,
+                                query_offsets, offsets, ks.scores, scores, stream_)) !=
+      cudaSuccess) {
+    return e == cudaErrorInvalidValue
+               ? absl::InvalidArgumentError(absl::StrFormat(
+                     "GpuScorer: PagedAttentionScores does not take head_dim=%d group_size=%d",
+                     shape.head_dim, shape.group_size))
+               : CudaError(e, "PagedAttentionScores");
+  }
+  size_t temp_bytes = 0;
+  if ((e = SegmentedTopK(nullptr, &temp_bytes, offsets, scores, positions, protect, k, ks.topk,
+                         TopKAlgorithm::kAuto, keep, stream_)) != cudaSuccess)
+    return CudaError(e, "SegmentedTopK (size)");
+  void* temp = Buffer(kTemp, temp_bytes, &e);
+  if (temp == nullptr) return CudaError(e, "cudaMalloc (top-k scratch)");
+  temp_bytes = sizes_[kTemp];
+  if ((e = SegmentedTopK(temp, &temp_bytes, offsets, scores, positions, protect, k, ks.topk,
+                         TopKAlgorithm::kAuto, keep, stream_)) != cudaSuccess)
+    return CudaError(e, "SegmentedTopK");
+  if ((e = cudaMemcpyAsync(result->scores.data(), scores, items * sizeof(float),
+                           cudaMemcpyDeviceToHost, stream_)) != cudaSuccess ||
+      (e = cudaMemcpyAsync(result->keep.data(), keep, items, cudaMemcpyDeviceToHost, stream_)) !=
+          cudaSuccess ||
+      (e = cudaStreamSynchronize(stream_)) != cudaSuccess)
+    return CudaError(e, "download");
+  return absl::OkStatus();
+}
+
+}  // namespace beaconkv::kernels

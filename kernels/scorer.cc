@@ -1,0 +1,135 @@
+#include "kernels/scorer.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_format.h"
+#include "kernels/paged_scores_cpu.h"
+#include "kernels/scorer_shapes.h"
+#include "kernels/segmented_topk_cpu.h"
+
+namespace beaconkv {
+namespace {
+
+absl::Status JobError(size_t j, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrFormat("scoring job %d: %s", j, what));
+}
+
+}  // namespace
+
+absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const ScoringJob> jobs,
+                               ScoringBatch* batch) {
+  if (shape.head_dim < 1 || shape.block_size < 1 || shape.group_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("scoring shape: head_dim=%d block_size=%d group_size=%d must all be >= 1",
+                        shape.head_dim, shape.block_size, shape.group_size));
+  }
+  if (shape.pool_kernel < 1 || shape.pool_kernel % 2 == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("scoring shape: pool_kernel=%d must be odd and >= 1", shape.pool_kernel));
+  }
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  ScoringBatch& b = *batch;
+  b.num_jobs = static_cast<int32_t>(jobs.size());
+  b.max_blocks = 1;
+  b.max_len = 0;
+  const int64_t row = int64_t{shape.group_size} * shape.head_dim;
+  int64_t tokens = 0, rows = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const ScoringJob& job = jobs[j];
+    if (job.task == nullptr) return JobError(j, "no task");
+    const ScoringTask& t = *job.task;
+    const int64_t n = t.num_tokens;
+    if (n < 0) return JobError(j, absl::StrFormat("num_tokens=%d is negative", n));
+    if (t.num_queries < 0 || static_cast<int64_t>(t.queries.size()) != t.num_queries * row) {
+      return JobError(
+          j, absl::StrFormat("%d queries of %d floats need %d floats, got %d", t.num_queries, row,
+                             t.num_queries * row, t.queries.size()));
+    }
+    if (static_cast<int64_t>(t.protect.size()) != n ||
+        static_cast<int64_t>(job.positions.size()) != n) {
+      return JobError(j, absl::StrFormat("protect (%d) and positions (%d) must hold %d tokens",
+                                         t.protect.size(), job.positions.size(), n));
+    }
+    if (static_cast<int64_t>(job.table.size()) * shape.block_size < n) {
+      return JobError(j, absl::StrFormat("a table of %d blocks of %d cannot hold %d tokens",
+                                         job.table.size(), shape.block_size, n));
+    }
+    if (t.k < 0 || t.k > kMax) return JobError(j, absl::StrFormat("k=%d out of range", t.k));
+    tokens += n;
+    rows += t.num_queries;
+    if (tokens > kMax || rows > kMax) return JobError(j, "the batch exceeds 2^31 tokens or rows");
+    b.max_blocks = std::max<int32_t>(
+        b.max_blocks, static_cast<int32_t>((n + shape.block_size - 1) / shape.block_size));
+    b.max_len = std::max<int32_t>(b.max_len, static_cast<int32_t>(n));
+  }
+  b.tables.assign(static_cast<size_t>(b.num_jobs) * b.max_blocks, 0);
+  b.lengths.resize(b.num_jobs);
+  b.table_of_head.resize(b.num_jobs);
+  b.k.resize(b.num_jobs);
+  b.query_offsets.assign(1, 0);
+  b.offsets.assign(1, 0);
+  b.queries.clear();
+  b.queries.reserve(static_cast<size_t>(rows * row));
+  b.positions.clear();
+  b.positions.reserve(tokens);
+  b.protect.clear();
+  b.protect.reserve(tokens);
+  for (int32_t j = 0; j < b.num_jobs; ++j) {
+    const ScoringJob& job = jobs[j];
+    const ScoringTask& t = *job.task;
+    const int32_t used = (t.num_tokens + shape.block_size - 1) / shape.block_size;
+    std::copy_n(job.table.begin(), used,
+                b.tables.begin() + static_cast<ptrdiff_t>(j) * b.max_blocks);
+    b.lengths[j] = t.num_tokens;
+    b.table_of_head[j] = j;
+    b.k[j] = static_cast<int32_t>(t.k);
+    b.queries.insert(b.queries.end(), t.queries.begin(), t.queries.end());
+    b.query_offsets.push_back(b.query_offsets.back() + t.num_queries);
+    b.positions.insert(b.positions.end(), job.positions.begin(), job.positions.end());
+    b.protect.insert(b.protect.end(), t.protect.begin(), t.protect.end());
+    b.offsets.push_back(b.offsets.back() + t.num_tokens);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrepareScoring(const char* who, const StoreShape& store, const ScoringShape& shape,
+                            absl::Span<const ScoringJob> jobs, ScoringBatch* batch,
+                            ScoringResult* result) {
+  if (shape.head_dim != store.head_dim || shape.block_size != store.block_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: shape head_dim=%d block_size=%d, the store has %d / %d", who,
+                        shape.head_dim, shape.block_size, store.head_dim, store.block_size));
+  }
+  if (absl::Status s = BuildScoringBatch(shape, jobs, batch); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: %s", who, s.message()));
+  }
+  for (int32_t id : batch->tables) {
+    if (id < 0 || id >= store.num_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: block %d outside the store's %d", who, id, store.num_blocks));
+    }
+  }
+  const int32_t items = batch->offsets.back();
+  result->offsets = batch->offsets;
+  result->scores.assign(items, 0.0f);
+  result->keep.assign(items, 0);
+  return absl::OkStatus();
+}
+
+absl::Status PagedTwinScorer::Score(const ScoringShape& shape, absl::Span<const ScoringJob> jobs,
+                                    ScoringResult* result) {
+  const StoreShape store{store_->head_dim(), store_->block_size(), store_->num_blocks()};
+  if (absl::Status s = PrepareScoring("scorer", store, shape, jobs, &batch_, result); !s.ok())
+    return s;
+  const internal_scorer::KernelShapes ks = internal_scorer::ToKernelShapes(shape, batch_);
+  kernels::PagedAttentionScoresCpu(store_->keys_data(), batch_.tables.data(), batch_.lengths.data(),
+                                   batch_.table_of_head.data(), batch_.queries.data(),
+                                   batch_.query_offsets.data(), batch_.offsets.data(), ks.scores,
+                                   result->scores.data());
+  kernels::SegmentedTopKCpu(batch_.offsets.data(), result->scores.data(), batch_.positions.data(),
+                            batch_.protect.data(), batch_.k.data(), ks.topk, result->keep.data());
+  return absl::OkStatus();
+}
+
+}  // namespace beaconkv

@@ -1,0 +1,39 @@
+// The kernels' shape structs for one ScoringBatch: shared by PagedTwinScorer and GpuScorer so
+// that both run the same problem.
+#pragma once
+
+#include "kernels/paged_scores_cpu.h"
+#include "kernels/scorer.h"
+#include "kernels/segmented_topk_cpu.h"
+
+namespace beaconkv::internal_scorer {
+
+struct KernelShapes {
+  kernels::PagedScoresShape scores;
+  kernels::SegmentedTopKShape topk;
+};
+
+inline KernelShapes ToKernelShapes(const ScoringShape& shape, const ScoringBatch& batch) {
+  KernelShapes out;
+  out.scores.num_heads = batch.num_jobs;
+  out.scores.head_dim = shape.head_dim;
+  out.scores.block_size = shape.block_size;
+  out.scores.max_blocks = batch.max_blocks;
+  out.scores.group_size = shape.group_size;
+  out.scores.gqa = shape.spec.gqa == GqaReduction::kMeanProbs   ? kernels::ScoreGqa::kMeanProbs
+                   : shape.spec.gqa == GqaReduction::kMaxLogits ? kernels::ScoreGqa::kMaxLogits
+                                                                : kernels::ScoreGqa::kMaxProbs;
+  out.scores.query = shape.spec.query == QueryReduction::kMean  ? kernels::ScoreQuery::kMean
+                     : shape.spec.query == QueryReduction::kSum ? kernels::ScoreQuery::kSum
+                                                                : kernels::ScoreQuery::kMax;
+  out.topk.num_segments = batch.num_jobs;
+  out.topk.num_items = batch.offsets.back();
+  out.topk.max_segment_len = batch.max_len;
+  out.topk.pooling = shape.pooling == Pooling::kMax   ? kernels::TopKPooling::kMax
+                     : shape.pooling == Pooling::kAvg ? kernels::TopKPooling::kAvg
+                                                      : kernels::TopKPooling::kNone;
+  out.topk.pool_kernel = shape.pool_kernel;
+  return out;
+}
+
+}  // namespace beaconkv::internal_scorer

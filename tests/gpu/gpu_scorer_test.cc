@@ -1,0 +1,160 @@
+// GpuScorer against PagedTwinScorer: the same jobs over the same paged keys (a CudaKvStore
+// holding a CpuKvStore's bytes) give scores equal to rounding and exactly the keep masks that
+// the CPU top-k makes of the device's own scores. Skips where no GPU is present.
+#include "kernels/gpu_scorer.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "kernels/segmented_topk_cpu.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace beaconkv::kernels {
+namespace {
+
+using gpu_test::DeviceBuffer;
+using gpu_test::HaveGpu;
+
+constexpr int32_t kBlocks = 2048;
+
+struct Case {
+  int32_t head_dim;
+  int32_t block_size;
+  int32_t group_size;
+  GqaReduction gqa;
+  Pooling pooling;
+  int32_t pool_kernel;
+};
+
+class GpuScorerTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuScorerTest, MatchesThePagedTwin) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const Case c = GetParam();
+  std::mt19937 rng(c.head_dim * 7 + c.block_size * 3 + c.group_size);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  CpuKvStore host(kBlocks, c.block_size, c.head_dim);
+  const size_t slots = static_cast<size_t>(kBlocks) * c.block_size;
+  std::vector<float> keys(slots * c.head_dim);
+  for (float& x : keys) x = normal(rng);
+  for (BlockId b = 0; b < kBlocks; ++b) {
+    for (int32_t o = 0; o < c.block_size; ++o) {
+      std::copy_n(keys.begin() + (static_cast<size_t>(b) * c.block_size + o) * c.head_dim,
+                  c.head_dim, host.key({b, o}));
+    }
+  }
+  DeviceBuffer dk(keys), dv(keys.size() * sizeof(float)), dp(slots * sizeof(int32_t));
+  CudaKvStore device(dk.as<float>(), dv.as<float>(), dp.as<int32_t>(), kBlocks, c.block_size,
+                     c.head_dim);
+
+  // 24 jobs of odd lengths up to ~2,200 tokens, tables of distinct shuffled blocks.
+  std::vector<BlockId> free(kBlocks - 1);
+  std::iota(free.begin(), free.end(), 1);
+  std::shuffle(free.begin(), free.end(), rng);
+  const int32_t jobs_n = 24;
+  std::vector<ScoringTask> tasks(jobs_n);
+  std::vector<std::vector<BlockId>> tables(jobs_n);
+  std::vector<std::vector<int32_t>> positions(jobs_n);
+  size_t next = 0;
+  for (int32_t j = 0; j < jobs_n; ++j) {
+    const int32_t n =
+        std::min<int32_t>(1 + static_cast<int32_t>(rng() % 2200),
+                          static_cast<int32_t>((free.size() - next) / jobs_n) * c.block_size);
+    ScoringTask& t = tasks[j];
+    t.kv_head = j;
+    t.num_tokens = n;
+    t.num_queries = 1 + static_cast<int32_t>(rng() % 64);
+    t.queries.resize(static_cast<size_t>(t.num_queries) * c.group_size * c.head_dim);
+    for (float& x : t.queries) x = normal(rng);
+    t.protect.resize(n);
+    for (uint8_t& p : t.protect) p = rng() % 8 == 0;
+    t.k = static_cast<int64_t>(rng() % (n + 1));
+    const int32_t blocks = (n + c.block_size - 1) / c.block_size;
+    tables[j].assign(free.begin() + next, free.begin() + next + blocks);
+    next += blocks;
+    positions[j].resize(n);
+    std::iota(positions[j].begin(), positions[j].end(), 0);
+    std::shuffle(positions[j].begin(), positions[j].end(), rng);
+  }
+  std::vector<ScoringJob> jobs;
+  for (int32_t j = 0; j < jobs_n; ++j) jobs.push_back({tables[j], positions[j], &tasks[j]});
+  const ScoringShape shape{c.head_dim, c.block_size, c.group_size, {c.gqa, QueryReduction::kMax},
+                           c.pooling,  c.pool_kernel};
+
+  ScoringResult want, got;
+  PagedTwinScorer twin(&host);
+  ASSERT_TRUE(twin.Score(shape, jobs, &want).ok());
+  GpuScorer gpu(&device);
+  const absl::Status s = gpu.Score(shape, jobs, &got);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(got.offsets, want.offsets);
+  for (size_t i = 0; i < want.scores.size(); ++i) {
+    ASSERT_LE(std::fabs(got.scores[i] - want.scores[i]), 1e-6f + 2e-4f * std::fabs(want.scores[i]))
+        << "item " << i;
+  }
+  // The device's masks are exactly what the CPU top-k makes of the device's scores.
+  std::vector<int32_t> k(jobs_n);
+  for (int32_t j = 0; j < jobs_n; ++j) k[j] = static_cast<int32_t>(tasks[j].k);
+  std::vector<int32_t> flat_positions;
+  std::vector<uint8_t> flat_protect;
+  for (int32_t j = 0; j < jobs_n; ++j) {
+    flat_positions.insert(flat_positions.end(), positions[j].begin(), positions[j].end());
+    flat_protect.insert(flat_protect.end(), tasks[j].protect.begin(), tasks[j].protect.end());
+  }
+  SegmentedTopKShape topk;
+  topk.num_segments = jobs_n;
+  topk.num_items = got.offsets.back();
+  topk.max_segment_len = 2200;
+  topk.pooling = c.pooling == Pooling::kMax   ? TopKPooling::kMax
+                 : c.pooling == Pooling::kAvg ? TopKPooling::kAvg
+                                              : TopKPooling::kNone;
+  topk.pool_kernel = c.pool_kernel;
+  std::vector<uint8_t> expect(got.keep.size());
+  SegmentedTopKCpu(got.offsets.data(), got.scores.data(), flat_positions.data(),
+                   flat_protect.data(), k.data(), topk, expect.data());
+  EXPECT_EQ(got.keep, expect);
+  // And nearly the twin's: only near-ties at a cut can differ.
+  int64_t differ = 0;
+  for (size_t i = 0; i < want.keep.size(); ++i) differ += want.keep[i] != got.keep[i];
+  EXPECT_LE(differ, static_cast<int64_t>(want.keep.size() / 200));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuScorerTest,
+    ::testing::Values(Case{32, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 1},
+                      Case{64, 8, 4, GqaReduction::kMeanProbs, Pooling::kAvg, 5},
+                      Case{128, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 3},
+                      Case{128, 1, 8, GqaReduction::kMaxProbs, Pooling::kNone, 1}));
+
+TEST(GpuScorerErrorsTest, ShapesTheKernelsDoNotTakeAreInvalidArguments) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const int32_t d = 16, bs = 4;  // head_dim 16: no kernel
+  DeviceBuffer dk(size_t{8} * bs * d * 4), dv(size_t{8} * bs * d * 4), dp(size_t{8} * bs * 4);
+  CudaKvStore device(dk.as<float>(), dv.as<float>(), dp.as<int32_t>(), 8, bs, d);
+  GpuScorer gpu(&device);
+  ScoringTask t;
+  t.num_tokens = 3;
+  t.num_queries = 1;
+  t.queries.assign(d, 1.0f);
+  t.protect.assign(3, 0);
+  t.k = 1;
+  const std::vector<BlockId> table = {1};
+  const std::vector<int32_t> pos = {0, 1, 2};
+  ScoringResult r;
+  ScoringShape shape{d, bs, 1, {}, Pooling::kNone, 1};
+  EXPECT_EQ(gpu.Score(shape, {{table, pos, &t}}, &r).code(), absl::StatusCode::kInvalidArgument);
+  shape.spec.gqa = GqaReduction::kMaxLogits;
+  EXPECT_EQ(gpu.Score(shape, {{table, pos, &t}}, &r).code(), absl::StatusCode::kInvalidArgument);
+  shape.head_dim = 32;  // not the store's
+  EXPECT_EQ(gpu.Score(shape, {{table, pos, &t}}, &r).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace beaconkv::kernels
