@@ -109,6 +109,26 @@ class TovaState final : public PolicyState {
                                              scores.data(), &scratch);
                            }});
   }
+  // The same selection for an external scorer: the newest step's queries (one row of the
+  // whole group, softmax per query head, mean over the group), nothing protected.
+  absl::StatusOr<ScoringPlan> PlanScoring(int32_t layer, absl::Span<const HeadKeys> heads,
+                                          absl::Span<const int32_t> due, int32_t) override {
+    ScoringPlan shape;
+    shape.group_size = geometry_.group_size;
+    shape.spec = {GqaReduction::kMeanProbs, QueryReduction::kMax};
+    return PlanScored(
+        layer, heads, due,
+        {config_.budget, std::move(shape),
+         [](int32_t, const OrderedHead&, std::vector<uint8_t>*) {},
+         [&](int32_t h, const OrderedHead&, std::vector<uint8_t>*, std::vector<float>* queries) {
+           const QueryRing& ring = last_[geometry_.HeadIndex(layer, h)];
+           queries->resize(static_cast<size_t>(ring.size()) * geometry_.group_size *
+                           geometry_.head_dim());
+           ring.CopyOrdered(queries->data());
+           return ring.size();
+         }});
+  }
+
   int64_t StateBytes() const override {
     int64_t b = 0;
     for (const QueryRing& r : last_) b += r.Bytes();

@@ -189,8 +189,11 @@ INSTANTIATE_TEST_SUITE_P(Knobs, PagedScorerTest,
                          ::testing::Values(std::tuple{1, 1, false}, std::tuple{3, 0, false},
                                            std::tuple{5, 2, true}));
 
-// Policies without a plan (and pooled budgets) run their own Compress under scorer=paged.
-TEST(EngineTest, PagedScorerFallsBackToCompressForPoliciesWithoutAPlan) {
+// tova plans too; policies without a plan (and pooled budgets) run their own Compress under
+// scorer=paged. Either way the tokens and evictions are the host path's.
+TEST(EngineTest, PagedScorerAgreesForTovaAndForPoliciesWithoutAPlan) {
+  TovaConfig tova;
+  tova.budget = 12;
   SnapKvConfig snap;
   snap.budget = 12;
   snap.interval = 4;
@@ -198,7 +201,7 @@ TEST(EngineTest, PagedScorerFallsBackToCompressForPoliciesWithoutAPlan) {
   snap.pool_kernel = 3;
   BeaconConfig pooled = SmallBeacon();
   pooled.budget_mode = BudgetMode::kPooled;
-  for (const PolicyConfig& policy : std::vector<PolicyConfig>{snap, pooled}) {
+  for (const PolicyConfig& policy : std::vector<PolicyConfig>{tova, snap, pooled}) {
     EngineConfig c;
     c.block_size = 4;
     c.policy = policy;

@@ -1,6 +1,6 @@
 // The device pipeline's scorer (kernels/scorer.h) against the policy it stands in for: a beacon
-// state that plans (PlanScoring) and a PagedTwinScorer over a paged store must keep what an
-// identical state's own Compress keeps, over many compressions of several layers and heads
+// (or tova) state that plans (PlanScoring) and a PagedTwinScorer over a paged store must keep
+// what an identical state's own Compress keeps, over many compressions of several layers and heads
 // whose slots are out of position order.
 #include "kernels/scorer.h"
 
@@ -124,7 +124,7 @@ class PagedHeads {
 };
 
 struct Params {
-  BeaconConfig config;
+  PolicyConfig config;
   Geometry geometry;
   uint32_t seed;
 };
@@ -221,6 +221,13 @@ TEST_P(PlannedScoringTest, KeepsWhatTheHostCompressKeeps) {
   EXPECT_GE(planned_heads, 4);
 }
 
+TovaConfig Tova(int32_t budget, int32_t interval) {
+  TovaConfig c;
+  c.budget = budget;
+  c.interval = interval;
+  return c;
+}
+
 BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t coverage,
                     bool protect_prompt) {
   BeaconConfig c;
@@ -241,7 +248,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Params{Beacon(48, 16, 1, 1, false), Geometry{}, 1},
                       Params{Beacon(64, 32, 3, 1, false), Geometry{2, 2, 2, 16, 8}, 2},
                       Params{Beacon(40, 8, 5, 2, true), Geometry{3, 1, 4, 32, 16}, 3},
-                      Params{Beacon(72, 24, 1, 0, false), Geometry{1, 3, 1, 8, 1}, 4}));
+                      Params{Beacon(72, 24, 1, 0, false), Geometry{1, 3, 1, 8, 1}, 4},
+                      Params{Tova(48, 16), Geometry{}, 5},
+                      Params{Tova(40, 1), Geometry{2, 1, 4, 32, 16}, 6}));
 
 TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   Geometry g;
