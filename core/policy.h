@@ -95,7 +95,8 @@ class PolicyState {
   // the policy to carry out; heads may come without keys (positions only). Advances the
   // policy state exactly as Compress does (beacon draws), so call one or the other per event.
   // kUnimplemented for policies whose selection is not "score each head, keep protected +
-  // k best" (full, streaming, h2o, rkv, rpc, pooled budgets): run Compress for those.
+  // k best" on the device's terms (full, streaming, h2o, snapkv and rkv (max-logit GQA
+  // reduction, redundancy), rpc, pooled budgets): run Compress for those.
   virtual absl::StatusOr<ScoringPlan> PlanScoring(int32_t layer, absl::Span<const HeadKeys> heads,
                                                   absl::Span<const int32_t> due,
                                                   int32_t current_position);
