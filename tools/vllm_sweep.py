@@ -14,7 +14,7 @@ Each run's JSON (vLLM's keys plus the bench's: scheduling statistics and output 
 the round) goes to OUT/<label>.json; the table is rebuilt from every JSON in OUT.
 
 Usage: python3 tools/vllm_sweep.py [--memories-mib 9,12,16] [--policies beacon:96:32]
-       [--rounds 2] [--num-prompts 128] [--layout single] [--out DIR] [--table-only]
+       [--rounds 2] [--first-round 1] [--num-prompts 128] [--layout single] [--out DIR] [--table-only]
        [--dry-run]
 Policy specs are NAME[:BUDGET[:INTERVAL[:KNOB=VALUE+KNOB=VALUE...]]] (``stock`` runs in every
 round anyway), e.g. ``beacon:112:16:draw_on_fill=true``.
@@ -84,7 +84,7 @@ def run(args) -> None:
     # integration/ (a developer's extension there may be a debug-info -O2 build, or missing).
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    for rnd in range(1, args.rounds + 1):
+    for rnd in range(args.first_round, args.first_round + args.rounds):
         for mem in args.memories_mib:
             for spec in specs:
                 label = label_of(spec, mem, rnd)
@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                    type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--policies", default="beacon:96:32", type=lambda s: s.split(","))
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--first-round", type=int, default=1,
+                   help="number of the first round (to add rounds to an OUT folder)")
     p.add_argument("--num-prompts", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layout", choices=["single", "multiprocess"], default="single")
@@ -174,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table-only", action="store_true", help="rebuild the table from OUT")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
-    if args.rounds < 1 or any(m < 1 for m in args.memories_mib):
-        p.error("--rounds and every --memories-mib value must be >= 1")
+    if args.rounds < 1 or args.first_round < 1 or any(m < 1 for m in args.memories_mib):
+        p.error("--rounds, --first-round and every --memories-mib value must be >= 1")
     try:
         args.specs = [parse_spec(s) for s in args.policies]
     except ValueError as e:

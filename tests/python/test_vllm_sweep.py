@@ -96,7 +96,16 @@ def test_dry_run_prints_interleaved_commands_and_runs_nothing(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_first_round_adds_later_rounds(tmp_path, capsys):
+    rc = sweep.main(["--python", sys.executable, "--memories-mib", "6", "--rounds", "1",
+                     "--first-round", "3", "--out", str(tmp_path), "--dry-run"])
+    assert rc == 0
+    cmds = [l for l in capsys.readouterr().out.splitlines() if l.strip()]
+    assert len(cmds) == 2 and all("_r3.json" in c for c in cmds)
+
+
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path):
-    for argv in (["--policies", "beacon:x"], ["--rounds", "0"], ["--memories-mib", "9,0"]):
+    for argv in (["--policies", "beacon:x"], ["--rounds", "0"], ["--memories-mib", "9,0"],
+                 ["--first-round", "0"]):
         with pytest.raises(SystemExit):
             sweep.main(argv + ["--out", str(tmp_path), "--dry-run"])
