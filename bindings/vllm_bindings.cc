@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -27,8 +28,10 @@
 #include "core/rope.h"
 #include "core/scoring.h"
 #include "core/status_macros.h"
+#include "engine/compress_step.h"
 #include "engine/tensor_ops.h"
 #include "kernels/paged_attention_cpu.h"
+#include "kernels/scorer.h"
 
 namespace py = pybind11;
 
@@ -48,8 +51,11 @@ class VllmKvCache {
  public:
   VllmKvCache(int32_t num_layers, int32_t num_kv_heads, int32_t num_heads, int32_t head_dim,
               int32_t block_size, int32_t num_blocks, py::object policy, double rope_theta,
-              bool observe)
+              bool observe, const std::string& scorer)
       : num_heads_(num_heads), observe_(observe) {
+    if (scorer != "host" && scorer != "paged") {
+      throw py::value_error(absl::StrFormat("scorer must be 'host' or 'paged', got '%s'", scorer));
+    }
     // Our GEMMs (prefill attention, policy scoring) run in the caller's thread: OpenBLAS's
     // own pool only spun (sched_yield) beside vLLM's threads, a third of a benchmark's time.
     SetBlasSingleThreaded();
@@ -68,6 +74,7 @@ class VllmKvCache {
     geometry_ = {num_layers, num_kv_heads, num_heads / num_kv_heads, {head_dim, rope_theta}};
     Check(ValidatePolicyConfig(policy_));
     rope_ = std::make_unique<Rope>(Unwrap(Rope::Create(geometry_.rope)));
+    if (scorer == "paged") scorer_ = std::make_unique<PagedTwinScorer>(store_.get());
   }
 
   const KvShape& shape() const { return manager_->shape(); }
@@ -145,7 +152,7 @@ class VllmKvCache {
     int64_t evicted = 0, freed = 0, compressions = 0;
     std::vector<KeepSet> applied;  // every keep-set, layer by layer
     Check(WithoutGil([&]() -> absl::Status {
-      BKV_ASSIGN_OR_RETURN(applied, KeepSetsOf(id, pol, current_position));
+      BKV_ASSIGN_OR_RETURN(applied, HostKeepSets(*manager_, *store_, pol, id, current_position));
       if (applied.empty()) return absl::OkStatus();
       BKV_ASSIGN_OR_RETURN(const CompactionPlan plan, manager_->ApplyKeepSets(id, applied));
       evicted = plan.tokens_evicted;
@@ -193,8 +200,18 @@ class VllmKvCache {
     int64_t evicted = 0, freed = 0, compressions = 0;
     std::vector<absl::StatusOr<std::vector<KeepSet>>> sets(n);
     Check(WithoutGil([&]() -> absl::Status {
+      if (scorer_ != nullptr) {
+        // Every planned head of the step in one scorer call (the device's batch).
+        std::vector<CompressTarget> targets(n);
+        for (int64_t i = 0; i < n; ++i) targets[i] = {ids[i], pols[i], pos[i]};
+        BKV_ASSIGN_OR_RETURN(std::vector<std::vector<KeepSet>> scored,
+                             ScoredKeepSets(*manager_, *store_, *scorer_, targets));
+        for (int64_t i = 0; i < n; ++i) sets[i] = std::move(scored[i]);
+      } else {
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (num_threads > 1 && n > 1)
-      for (int64_t i = 0; i < n; ++i) sets[i] = KeepSetsOf(ids[i], *pols[i], pos[i]);
+        for (int64_t i = 0; i < n; ++i)
+          sets[i] = HostKeepSets(*manager_, *store_, *pols[i], ids[i], pos[i]);
+      }
       for (int64_t i = 0; i < n; ++i) {
         if (!sets[i].ok()) return sets[i].status();
         if (sets[i]->empty()) continue;
@@ -371,57 +388,9 @@ class VllmKvCache {
     return absl::OkStatus();
   }
 
-  // Compression events: the layers the keep-sets (grouped by layer) touch.
-  static int64_t CountLayers(const std::vector<KeepSet>& sets) {
-    int64_t layers = 0;
-    int32_t last = -1;
-    for (const KeepSet& k : sets) {
-      layers += k.layer != last ? 1 : 0;
-      last = k.layer;
-    }
-    return layers;
-  }
-
-  // The keep-sets the sequence's policy chooses for every layer's heads at their trigger,
-  // layer by layer (nothing applied): reads the pool only.
-  absl::StatusOr<std::vector<KeepSet>> KeepSetsOf(SequenceId id, PolicyState& pol,
-                                                  int32_t current_position) const {
-    const KvShape& s = shape();
-    std::vector<KeepSet> out;
-    std::vector<int32_t> tokens(s.num_kv_heads);
-    std::vector<std::vector<float>> keys(s.num_kv_heads);
-    std::vector<std::vector<int32_t>> positions(s.num_kv_heads);
-    std::vector<HeadKeys> heads(s.num_kv_heads);
-    for (int32_t l = 0; l < s.num_layers; ++l) {
-      for (int32_t h = 0; h < s.num_kv_heads; ++h) {
-        BKV_ASSIGN_OR_RETURN(tokens[h], manager_->RetainedTokens(id, l, h));
-      }
-      const std::vector<int32_t> due = pol.DueHeads(l, tokens);
-      if (due.empty()) continue;
-      for (int32_t h = 0; h < s.num_kv_heads; ++h)
-        heads[h] = GatherKeys(id, l, h, &keys[h], &positions[h]);
-      BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> sets,
-                           pol.Compress(l, heads, due, current_position));
-      out.insert(out.end(), std::make_move_iterator(sets.begin()),
-                 std::make_move_iterator(sets.end()));
-    }
-    return out;
-  }
-
   HeadKeys GatherKeys(SequenceId id, int32_t layer, int32_t h, std::vector<float>* keys,
                       std::vector<int32_t>* positions) const {
-    // Only called for a sequence the caller has just found in the manager.
-    const int32_t n = BKV_CHECK_VALUE(manager_->RetainedTokens(id, layer, h));
-    const int32_t d = shape().head_dim, bs = shape().block_size;
-    keys->resize(static_cast<size_t>(n) * d);
-    positions->resize(n);
-    const absl::Span<const BlockId> table = BKV_CHECK_VALUE(manager_->BlockTable(id, layer, h));
-    for (int32_t j = 0; j < n; ++j) {
-      const SlotRef slot{table[j / bs], j % bs};
-      std::copy_n(store_->key(slot), d, keys->data() + static_cast<size_t>(j) * d);
-      (*positions)[j] = store_->position(slot);
-    }
-    return HeadKeys{keys->data(), positions->data(), n};
+    return GatherHead(*manager_, *store_, id, layer, h, keys, positions);
   }
 
   void WriteNewTokens(SequenceId id, int32_t layer, int32_t n, const float* k, const float* v) {
@@ -504,6 +473,8 @@ class VllmKvCache {
   absl::flat_hash_map<SequenceId, int32_t> reserved_;  // peak blocks of admitted sequences
   std::unique_ptr<CpuKvStore> store_;
   std::unique_ptr<BlockManager> manager_;
+  // "paged": compress_many scores through the device pipeline's CPU twin (ScoredKeepSets).
+  std::unique_ptr<Scorer> scorer_;
 };
 
 }  // namespace
@@ -512,11 +483,12 @@ void BindVllm(py::module_& m) {
   using C = VllmKvCache;
   py::class_<C>(m, "VllmKvCache",
                 "Head-granular KV cache for beaconkv.vllm: per-step room and batched attention.")
-      .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object, double,
-                    bool>(),
+      .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object, double, bool,
+                    const std::string&>(),
            py::arg("num_layers"), py::arg("num_kv_heads"), py::arg("num_heads"),
            py::arg("head_dim"), py::arg("block_size"), py::arg("num_blocks"),
-           py::arg("policy") = "full", py::arg("rope_theta") = 1e6, py::arg("observe") = false)
+           py::arg("policy") = "full", py::arg("rope_theta") = 1e6, py::arg("observe") = false,
+           py::arg("scorer") = "host")
       .def_property_readonly("block_size", [](const C& c) { return c.shape().block_size; })
       .def("blocks_needed", &C::BlocksNeeded, py::arg("seq_id"), py::arg("num_tokens"))
       .def("allocate", &C::Allocate, py::arg("seq_id"), py::arg("num_tokens"),
@@ -540,8 +512,9 @@ void BindVllm(py::module_& m) {
       .def("apply_keep_sets", &C::ApplyKeepSets, py::arg("seq_id"), py::arg("keep"))
       .def("compress_many", &C::CompressMany, py::arg("seq_ids"), py::arg("positions"),
            py::arg("num_threads") = 1, py::arg("return_keep") = false,
-           "compress for several sequences (keep-sets chosen on up to num_threads threads, "
-           "applied in order); returns the summed counts (and with return_keep, keep: "
+           "compress for several sequences (keep-sets chosen on up to num_threads threads, or "
+           "with scorer='paged' every planned head in one scorer call; applied in order); returns "
+           "the summed counts (and with return_keep, keep: "
            "[(seq, [(layer, kv_head, slots)])]).")
       .def("compress", &C::Compress, py::arg("seq_id"), py::arg("current_position"),
            "The policy on the heads at their trigger; emptied blocks are freed at once.")

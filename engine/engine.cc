@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_format.h"
 #include "core/check.h"
 #include "core/status_macros.h"
+#include "engine/compress_step.h"
 #include "engine/engine_config.h"
 #include "engine/tokenizer.h"
 
@@ -223,19 +223,7 @@ void Engine::Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t positi
 
 HeadKeys Engine::GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vector<float>* keys,
                             std::vector<int32_t>* positions) const {
-  const int32_t n = BKV_CHECK_VALUE(bm_->RetainedTokens(id, layer, kv_head));
-  const int32_t d = runner_.config().head_dim;
-  if (keys != nullptr) keys->resize(static_cast<size_t>(n) * d);
-  positions->resize(n);
-  const absl::Span<const BlockId> table = BKV_CHECK_VALUE(bm_->BlockTable(id, layer, kv_head));
-  const int32_t bs = bm_->shape().block_size;
-  for (int32_t j = 0; j < n; ++j) {
-    const SlotRef slot{table[j / bs], j % bs};
-    if (keys != nullptr)
-      std::copy_n(store_->key(slot), d, keys->data() + static_cast<size_t>(j) * d);
-    (*positions)[j] = store_->position(slot);
-  }
-  return HeadKeys{keys != nullptr ? keys->data() : nullptr, positions->data(), n};
+  return GatherHead(*bm_, *store_, id, layer, kv_head, keys, positions);
 }
 
 int32_t Engine::PeakBlocks(const SeqState& s, int64_t prefill_len) const {
@@ -535,51 +523,31 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   return absl::OkStatus();
 }
 
-std::vector<int32_t> Engine::DueHeads(SeqState& s, int32_t layer) {
-  const int32_t kv_heads = runner_.config().num_kv_heads;
-  std::vector<int32_t> head_tokens(kv_heads);
-  for (int32_t g = 0; g < kv_heads; ++g)
-    head_tokens[g] = BKV_CHECK_VALUE(bm_->RetainedTokens(s.out.id, layer, g));
-  ScopedTimer t(&stats_.time_selection);
-  return s.policy->DueHeads(layer, head_tokens);
-}
-
 absl::Status Engine::Compress(int64_t id) {
   SeqState& s = *seqs_.at(id);
   const int32_t current = BKV_CHECK_VALUE(bm_->NextPosition(id)) - 1;
-  for (int32_t l = 0; l < runner_.config().num_layers; ++l) {
-    const std::vector<int32_t> due = DueHeads(s, l);
-    if (!due.empty()) BKV_RETURN_IF_ERROR(CompressLayer(id, l, due, current));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Engine::CompressLayer(int64_t id, int32_t layer, absl::Span<const int32_t> due,
-                                   int32_t current) {
-  SeqState& s = *seqs_.at(id);
-  const int32_t kv_heads = runner_.config().num_kv_heads;
   std::vector<KeepSet> keep;
-  std::vector<std::vector<int32_t>> positions(kv_heads);  // [kv_head][slot]
   {
     ScopedTimer t(&stats_.time_selection);
-    std::vector<std::vector<float>> keys(kv_heads);
-    std::vector<HeadKeys> heads(kv_heads);
-    for (int32_t g = 0; g < kv_heads; ++g)
-      heads[g] = GatherKeys(id, layer, g, &keys[g], &positions[g]);
-    BKV_ASSIGN_OR_RETURN(keep, s.policy->Compress(layer, heads, due, current));
+    BKV_ASSIGN_OR_RETURN(keep, HostKeepSets(*bm_, *store_, *s.policy, id, current));
   }
-  return ApplyCompression(s, keep, positions, current);
+  return ApplyCompression(s, keep, current);
 }
 
 absl::Status Engine::ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep,
-                                      const std::vector<std::vector<int32_t>>& positions,
                                       int32_t current) {
+  if (keep.empty()) return absl::OkStatus();
   ScopedTimer t(&stats_.time_compaction);
+  std::vector<std::vector<int32_t>> positions(keep.size());  // each head's, before compaction
+  if (s.request.record_evictions) {
+    for (size_t i = 0; i < keep.size(); ++i)
+      GatherHead(*bm_, *store_, s.out.id, keep[i].layer, keep[i].kv_head, nullptr, &positions[i]);
+  }
   BKV_ASSIGN_OR_RETURN(CompactionPlan plan, bm_->ApplyKeepSets(s.out.id, keep));
   if (s.request.record_evictions) {  // keep-sets ApplyKeepSets accepted: ascending, in range
-    for (const KeepSet& hk : keep) RecordEvictions(s, hk, positions[hk.kv_head], current);
+    for (size_t i = 0; i < keep.size(); ++i) RecordEvictions(s, keep[i], positions[i], current);
   }
-  ++stats_.compressions;
+  stats_.compressions += CountLayers(keep);
   stats_.tokens_evicted += plan.tokens_evicted;
   stats_.blocks_freed_by_eviction += plan.blocks_freed;
   s.out.tokens_evicted += plan.tokens_evicted;
@@ -587,73 +555,18 @@ absl::Status Engine::ApplyCompression(SeqState& s, absl::Span<const KeepSet> kee
 }
 
 absl::Status Engine::CompressWithScorer(absl::Span<const int64_t> ids) {
-  struct Planned {
-    int64_t id;
-    int32_t current;
-    ScoringPlan plan;
-    std::vector<std::vector<int32_t>> positions;  // [kv_head][slot]
-    std::vector<std::vector<BlockId>> tables;     // [task], copies: applying changes tables
-  };
-  const int32_t kv_heads = runner_.config().num_kv_heads;
-  std::vector<Planned> planned;
+  std::vector<CompressTarget> targets;
   for (int64_t id : ids) {
-    SeqState& s = *seqs_.at(id);
-    const int32_t current = BKV_CHECK_VALUE(bm_->NextPosition(id)) - 1;
-    for (int32_t l = 0; l < runner_.config().num_layers; ++l) {
-      const std::vector<int32_t> due = DueHeads(s, l);
-      if (due.empty()) continue;
-      ScopedTimer t(&stats_.time_selection);
-      Planned p{id, current, {}, std::vector<std::vector<int32_t>>(kv_heads), {}};
-      std::vector<HeadKeys> heads(kv_heads);
-      for (int32_t g = 0; g < kv_heads; ++g)
-        heads[g] = GatherKeys(id, l, g, nullptr, &p.positions[g]);
-      absl::StatusOr<ScoringPlan> plan = s.policy->PlanScoring(l, heads, due, current);
-      if (absl::IsUnimplemented(plan.status())) {
-        t.Stop();
-        BKV_RETURN_IF_ERROR(CompressLayer(id, l, due, current));
-        continue;
-      }
-      BKV_RETURN_IF_ERROR(plan.status());
-      p.plan = *std::move(plan);
-      for (const ScoringTask& task : p.plan.tasks) {
-        const absl::Span<const BlockId> table =
-            BKV_CHECK_VALUE(bm_->BlockTable(id, l, task.kv_head));
-        p.tables.emplace_back(table.begin(), table.end());
-      }
-      planned.push_back(std::move(p));
-    }
+    targets.push_back({id, seqs_.at(id)->policy.get(), BKV_CHECK_VALUE(bm_->NextPosition(id)) - 1});
   }
-  // One scorer call per distinct scoring shape (one, unless requests run different policies).
-  const int32_t d = runner_.config().head_dim, bs = bm_->shape().block_size;
-  std::vector<std::vector<absl::Span<const uint8_t>>> masks(planned.size());
-  std::deque<ScoringResult> results;  // masks point into these
-  std::vector<uint8_t> done(planned.size(), 0);
+  std::vector<std::vector<KeepSet>> keep;
   {
     ScopedTimer t(&stats_.time_selection);
-    for (size_t first = 0; first < planned.size(); ++first) {
-      if (done[first]) continue;
-      const ScoringShape shape = ScoringShape::Of(planned[first].plan, d, bs);
-      std::vector<ScoringJob> jobs;
-      std::vector<std::pair<size_t, size_t>> owner;  // (planned, task) of each job
-      for (size_t i = first; i < planned.size(); ++i) {
-        if (done[i] || !(ScoringShape::Of(planned[i].plan, d, bs) == shape)) continue;
-        done[i] = 1;
-        for (size_t t = 0; t < planned[i].plan.tasks.size(); ++t) {
-          const ScoringTask& task = planned[i].plan.tasks[t];
-          jobs.push_back({planned[i].tables[t], planned[i].positions[task.kv_head], &task});
-          owner.emplace_back(i, t);
-        }
-      }
-      results.emplace_back();
-      BKV_RETURN_IF_ERROR(scorer_->Score(shape, jobs, &results.back()));
-      for (size_t j = 0; j < jobs.size(); ++j)
-        masks[owner[j].first].push_back(results.back().KeepOf(static_cast<int32_t>(j)));
-    }
+    BKV_ASSIGN_OR_RETURN(keep, ScoredKeepSets(*bm_, *store_, *scorer_, targets));
   }
-  for (size_t i = 0; i < planned.size(); ++i) {
-    Planned& p = planned[i];
-    BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> keep, KeepSetsFromMasks(p.plan, masks[i]));
-    BKV_RETURN_IF_ERROR(ApplyCompression(*seqs_.at(p.id), keep, p.positions, p.current));
+  for (size_t i = 0; i < targets.size(); ++i) {
+    BKV_RETURN_IF_ERROR(
+        ApplyCompression(*seqs_.at(targets[i].id), keep[i], targets[i].current_position));
   }
   return absl::OkStatus();
 }

@@ -95,22 +95,15 @@ class Engine {
   absl::Status Preempt(int64_t id);
   absl::Status DecodeStep(std::vector<RequestOutput>* finished);
   absl::Status Compress(int64_t id);
-  // The kPaged path: plans every due (sequence, layer) of `ids`, scores all planned heads in
-  // one scorer call, then applies the keep-sets; layers without a plan run CompressLayer.
+  // The kPaged path: ScoredKeepSets for every sequence of `ids` (all planned heads of the step
+  // in one scorer call), then ApplyCompression for each.
   absl::Status CompressWithScorer(absl::Span<const int64_t> ids);
-  // Runs the policy's Compress on `due` heads of one layer and applies the keep-sets.
-  absl::Status CompressLayer(int64_t id, int32_t layer, absl::Span<const int32_t> due,
-                             int32_t current);
-  // ApplyKeepSets plus the statistics and eviction record of one compressed layer.
-  absl::Status ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep,
-                                const std::vector<std::vector<int32_t>>& positions,
-                                int32_t current);
-  // The kv_heads of `layer` due now (the policy's trigger on the retained counts).
-  std::vector<int32_t> DueHeads(SeqState& s, int32_t layer);
+  // ApplyKeepSets (every compressed layer of one sequence) plus the statistics and eviction
+  // record.
+  absl::Status ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep, int32_t current);
   void Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t position, const float* pre,
                const float* post);
-  // Copies a head's keys (slot order) and positions into `keys` / `positions`; keys ==
-  // nullptr: positions only (the returned HeadKeys has no keys).
+  // Copies a head's keys (slot order) and positions into `keys` / `positions` (GatherHead).
   HeadKeys GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vector<float>* keys,
                       std::vector<int32_t>* positions) const;
   // Appends to s.evictions the positions of `positions` (one head's, slot order) that

@@ -126,6 +126,18 @@ def test_beacon_matches_our_engine_end_to_end(tmp_path, engine_refs):
     check_against_engine(ours, engine_refs, "beacon@158")
 
 
+def test_beacon_with_the_paged_scorer_matches_our_engine(tmp_path, engine_refs):
+    """scorer=paged: every planned head of a step scored in one call by the GPU pipeline's CPU
+    twin, inside vLLM; the same decisions as our engine's host scoring."""
+    prompts = engine_refs[0]
+    ours = run_vllm(tmp_path, "beacon_paged",
+                    beaconkv={"policy": "beacon", "budget": 158, "scorer": "paged"},
+                    prompts=prompts, max_tokens=[1200] * len(prompts), logprobs=3)
+    assert ours["stats"]["tokens_evicted"] > 0
+    assert ours["integrity"] == "ok" and ours["used_blocks_at_end"] == 0
+    check_against_engine(ours, engine_refs, "beacon@158, scorer=paged")
+
+
 def test_beacon_across_processes_matches_our_engine(tmp_path, engine_refs):
     """vLLM's default layout: scheduler and model in separate processes, pool operations and
     keep-sets carried by the BeaconKVConnector."""
@@ -294,6 +306,10 @@ def test_unknown_policy_or_knob_fails_at_engine_start(monkeypatch):
     with pytest.raises(ValueError, match="admission must be one of"):
         config.parse(json.dumps({"policy": "beacon", "budget": 64, "admission": "greedy"}))
     assert config.parse(json.dumps({"policy": "beacon", "budget": 64})).admission == "reserve"
+    with pytest.raises(ValueError, match="scorer must be one of"):
+        config.parse(json.dumps({"policy": "beacon", "budget": 64, "scorer": "cuda"}))
+    assert config.parse(json.dumps({"policy": "beacon", "budget": 64})).scorer == "host"
+    assert config.parse(json.dumps({"policy": "beacon", "scorer": "paged"})).scorer == "paged"
     monkeypatch.setenv("BEACONKV_VLLM_CONFIG", json.dumps({"policy": "nosuch"}))
     with pytest.raises(ValueError, match="nosuch"):
         _scheduler("ours", 400)

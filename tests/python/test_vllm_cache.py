@@ -162,12 +162,15 @@ def test_peak_blocks_bound_what_a_head_holds_and_reservations_count_the_rest():
     assert cache.outstanding_blocks == 0
 
 
-def test_compress_many_decides_as_compress_one_by_one():
+@pytest.mark.parametrize("scorer", ["host", "paged"])
+def test_compress_many_decides_as_compress_one_by_one(scorer):
+    """compress_many (on threads, or with scorer="paged" every planned head of the step in one
+    call to the GPU pipeline's CPU twin) keeps what compress keeps one sequence at a time."""
     rng = np.random.default_rng(21)
     cfg = beaconkv.policy_config("beacon", budget=8, interval=4, n_recent=2, n_sinks=1,
                                  n_beacons=2, buffer_min=4, buffer_max=8)
     caches = [beaconkv.VllmKvCache(L, HKV, H, D, 4, 400, policy=cfg, rope_theta=1e4,
-                                   observe=True) for _ in range(2)]
+                                   observe=True, scorer=s) for s in ("host", scorer)]
     ids, prompts = [4, 9, 2, 30], [3, 7, 1, 12]
     for c in caches:
         for s, p in zip(ids, prompts):
@@ -218,5 +221,7 @@ def test_compress_many_decides_as_compress_one_by_one():
         caches[1].compress_many(np.array([4, 77], np.int32), np.array([30, 30], np.int32), 2)
     with pytest.raises(ValueError, match="sequence 4 appears twice"):
         caches[1].compress_many(np.array([4, 4], np.int32), np.array([30, 30], np.int32), 2)
+    with pytest.raises(ValueError, match="scorer must be 'host' or 'paged'"):
+        beaconkv.VllmKvCache(L, HKV, H, D, 4, 400, policy=cfg, scorer="cuda")
     with pytest.raises(ValueError, match="differ in size"):
         caches[1].compress_many(np.array([4], np.int32), np.array([30, 30], np.int32), 1)

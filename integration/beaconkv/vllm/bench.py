@@ -89,6 +89,9 @@ def build_parser():
                    help="single: scheduler and model in one process; multiprocess: vLLM's "
                         "default layout (EngineCore and worker processes, our pools kept in step "
                         "by the BeaconKV KV connector)")
+    g.add_argument("--scorer", choices=["host", "paged"], default="host",
+                   help="host: each sequence's policy scores its heads; paged: every planned head "
+                        "of a step in one call to the GPU pipeline's CPU twin (docs/gpu.md)")
     g.add_argument("--admission", choices=["reserve", "optimistic"], default="reserve",
                    help="reserve: admit a request only when its peak KV under the policy fits "
                         "(no preemption for policies that bound every head); optimistic: "
@@ -114,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
         from . import config
 
         cfg = {"policy": args.policy, "budget": args.budget, "knobs": args.knob or [],
-               "block_size": args.block_tokens, "admission": args.admission}
+               "block_size": args.block_tokens, "admission": args.admission,
+               "scorer": args.scorer}
         config.parse(json.dumps(cfg))  # unknown policy / knob: error before vLLM starts
         os.environ[config.ENV] = json.dumps(cfg)
         from . import register

@@ -3,7 +3,8 @@
 ``BEACONKV_VLLM_CONFIG`` holds JSON such as
 ``{"policy": "beacon", "budget": 158, "knobs": ["interval=16"], "block_size": 16}``
 (``knobs`` may also be a ``{"name": value}`` map; ``"admission": "optimistic"`` turns off
-the peak reservation, see docs/vllm.md). The core's policy registry builds the
+the peak reservation, see docs/vllm.md; ``"scorer": "paged"`` chooses each step's keep-sets
+through the GPU pipeline's CPU twin, every planned head in one call, docs/gpu.md). The core's policy registry builds the
 policy object (``beaconkv.make_policy_config``), so unknown policies and knobs fail exactly as
 they do in ``beaconkv eval``, here at engine start.
 """
@@ -15,8 +16,9 @@ import os
 from dataclasses import dataclass, field
 
 ENV = "BEACONKV_VLLM_CONFIG"
-_KEYS = {"policy", "budget", "knobs", "block_size", "admission"}
+_KEYS = {"policy", "budget", "knobs", "block_size", "admission", "scorer"}
 ADMISSION = ("reserve", "optimistic")
+SCORERS = ("host", "paged")
 
 
 @dataclass
@@ -29,6 +31,9 @@ class VllmConfig:
     # admitted ones may still take (no preemption for bounded policies); optimistic: vLLM's
     # rule (room for the prompt now), preempting when the pool runs out.
     admission: str = "reserve"
+    # host: each sequence's policy scores its heads (on threads); paged: the policies plan and
+    # one scorer call (the device pipeline's CPU twin) scores every planned head of the step.
+    scorer: str = "host"
 
     def policy_config(self):
         """The native policy config; ValueError naming the bad policy or knob."""
@@ -38,7 +43,8 @@ class VllmConfig:
 
     def to_json(self) -> str:
         return json.dumps({"policy": self.policy, "budget": self.budget, "knobs": self.knobs,
-                           "block_size": self.block_size, "admission": self.admission})
+                           "block_size": self.block_size, "admission": self.admission,
+                           "scorer": self.scorer})
 
 
 def parse(text: str) -> VllmConfig:
@@ -58,9 +64,12 @@ def parse(text: str) -> VllmConfig:
     admission = data.get("admission", "reserve")
     if admission not in ADMISSION:
         raise ValueError(f"{ENV}: admission must be one of {list(ADMISSION)}, got {admission!r}")
+    scorer = data.get("scorer", "host")
+    if scorer not in SCORERS:
+        raise ValueError(f"{ENV}: scorer must be one of {list(SCORERS)}, got {scorer!r}")
     cfg = VllmConfig(policy=str(data.get("policy", "full")), budget=data.get("budget"),
                      knobs=knobs, block_size=int(data.get("block_size", 16)),
-                     admission=admission)
+                     admission=admission, scorer=scorer)
     cfg.policy_config()  # fail now, at engine start, on an unknown policy or knob
     return cfg
 

@@ -54,7 +54,7 @@ class BeaconState:
         self.cache = beaconkv.VllmKvCache(self.num_layers, self.num_kv_heads, self.num_heads,
                                           self.head_dim, cfg.block_size, num_blocks,
                                           policy=self.policy_cfg, rope_theta=rope_theta,
-                                          observe=self.observes)
+                                          observe=self.observes, scorer=cfg.scorer)
         self.stats = {"vllm_kv_bytes_released": 0, "peak_kv_blocks": 0, "tokens_evicted": 0,
                       "blocks_freed_by_eviction": 0, "compressions": 0, "max_running": 0, "running_sum": 0, "steps": 0,
                       "preemptions": 0, "pool_blocks": self.cache.num_usable_blocks,

@@ -1,0 +1,171 @@
+#include "engine/compress_step.h"
+
+#include <algorithm>
+#include <deque>
+#include <iterator>
+#include <utility>
+
+#include "core/check.h"
+#include "core/status_macros.h"
+
+namespace beaconkv {
+namespace {
+
+// The kv_heads of `layer` due under the policy, from the retained counts.
+absl::StatusOr<std::vector<int32_t>> Due(const BlockManager& bm, PolicyState& policy, SequenceId id,
+                                         int32_t layer) {
+  std::vector<int32_t> tokens(bm.shape().num_kv_heads);
+  for (int32_t h = 0; h < bm.shape().num_kv_heads; ++h) {
+    BKV_ASSIGN_OR_RETURN(tokens[h], bm.RetainedTokens(id, layer, h));
+  }
+  return policy.DueHeads(layer, tokens);
+}
+
+absl::StatusOr<std::vector<KeepSet>> HostLayer(const BlockManager& bm, const CpuKvStore& store,
+                                               PolicyState& policy, SequenceId id, int32_t layer,
+                                               absl::Span<const int32_t> due, int32_t current) {
+  const int32_t kv_heads = bm.shape().num_kv_heads;
+  std::vector<std::vector<float>> keys(kv_heads);
+  std::vector<std::vector<int32_t>> positions(kv_heads);
+  std::vector<HeadKeys> heads(kv_heads);
+  for (int32_t h = 0; h < kv_heads; ++h)
+    heads[h] = GatherHead(bm, store, id, layer, h, &keys[h], &positions[h]);
+  return policy.Compress(layer, heads, due, current);
+}
+
+}  // namespace
+
+HeadKeys GatherHead(const BlockManager& bm, const CpuKvStore& store, SequenceId id, int32_t layer,
+                    int32_t kv_head, std::vector<float>* keys, std::vector<int32_t>* positions) {
+  const int32_t n = BKV_CHECK_VALUE(bm.RetainedTokens(id, layer, kv_head));
+  const int32_t d = store.head_dim(), bs = store.block_size();
+  if (keys != nullptr) keys->resize(static_cast<size_t>(n) * d);
+  positions->resize(n);
+  const absl::Span<const BlockId> table = BKV_CHECK_VALUE(bm.BlockTable(id, layer, kv_head));
+  for (int32_t j = 0; j < n; ++j) {
+    const SlotRef slot{table[j / bs], j % bs};
+    if (keys != nullptr) std::copy_n(store.key(slot), d, keys->data() + static_cast<size_t>(j) * d);
+    (*positions)[j] = store.position(slot);
+  }
+  return HeadKeys{keys != nullptr ? keys->data() : nullptr, positions->data(), n};
+}
+
+absl::StatusOr<std::vector<KeepSet>> HostKeepSets(const BlockManager& bm, const CpuKvStore& store,
+                                                  PolicyState& policy, SequenceId id,
+                                                  int32_t current_position) {
+  std::vector<KeepSet> out;
+  for (int32_t l = 0; l < bm.shape().num_layers; ++l) {
+    BKV_ASSIGN_OR_RETURN(const std::vector<int32_t> due, Due(bm, policy, id, l));
+    if (due.empty()) continue;
+    BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> sets,
+                         HostLayer(bm, store, policy, id, l, due, current_position));
+    out.insert(out.end(), std::make_move_iterator(sets.begin()),
+               std::make_move_iterator(sets.end()));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::vector<KeepSet>>> ScoredKeepSets(
+    const BlockManager& bm, const CpuKvStore& store, Scorer& scorer,
+    absl::Span<const CompressTarget> targets) {
+  struct Planned {
+    size_t target;
+    std::vector<int32_t> due;
+    ScoringPlan plan;
+    std::vector<std::vector<int32_t>> positions;   // [kv_head][slot]
+    std::vector<std::vector<BlockId>> tables;      // [task]
+    std::vector<absl::Span<const uint8_t>> masks;  // [task], into `results`
+  };
+  const KvShape& shape = bm.shape();
+  // Per target, per layer: the host's keep-sets, or the index of its plan in `planned`.
+  std::vector<std::vector<std::pair<std::vector<KeepSet>, int64_t>>> layers(targets.size());
+  std::vector<Planned> planned;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const CompressTarget& target = targets[t];
+    for (int32_t l = 0; l < shape.num_layers; ++l) {
+      BKV_ASSIGN_OR_RETURN(const std::vector<int32_t> due, Due(bm, *target.policy, target.id, l));
+      if (due.empty()) continue;
+      Planned p{t, due, {}, std::vector<std::vector<int32_t>>(shape.num_kv_heads), {}, {}};
+      std::vector<HeadKeys> heads(shape.num_kv_heads);
+      for (int32_t h = 0; h < shape.num_kv_heads; ++h)
+        heads[h] = GatherHead(bm, store, target.id, l, h, nullptr, &p.positions[h]);
+      absl::StatusOr<ScoringPlan> plan =
+          target.policy->PlanScoring(l, heads, due, target.current_position);
+      if (absl::IsUnimplemented(plan.status())) {
+        BKV_ASSIGN_OR_RETURN(
+            std::vector<KeepSet> sets,
+            HostLayer(bm, store, *target.policy, target.id, l, due, target.current_position));
+        layers[t].emplace_back(std::move(sets), -1);
+        continue;
+      }
+      BKV_RETURN_IF_ERROR(plan.status());
+      p.plan = *std::move(plan);
+      for (const ScoringTask& task : p.plan.tasks) {
+        BKV_ASSIGN_OR_RETURN(const absl::Span<const BlockId> table,
+                             bm.BlockTable(target.id, l, task.kv_head));
+        p.tables.emplace_back(table.begin(), table.end());
+      }
+      layers[t].emplace_back(std::vector<KeepSet>{}, static_cast<int64_t>(planned.size()));
+      planned.push_back(std::move(p));
+    }
+  }
+  // One scorer call per distinct scoring shape (one, unless the targets run different
+  // policies).
+  std::deque<ScoringResult> results;
+  std::vector<uint8_t> done(planned.size(), 0);
+  for (size_t first = 0; first < planned.size(); ++first) {
+    if (done[first]) continue;
+    const ScoringShape sshape =
+        ScoringShape::Of(planned[first].plan, shape.head_dim, shape.block_size);
+    std::vector<ScoringJob> jobs;
+    std::vector<size_t> owner;  // planned index of each job, tasks in order
+    for (size_t i = first; i < planned.size(); ++i) {
+      if (done[i] ||
+          !(ScoringShape::Of(planned[i].plan, shape.head_dim, shape.block_size) == sshape)) {
+        continue;
+      }
+      done[i] = 1;
+      for (size_t k = 0; k < planned[i].plan.tasks.size(); ++k) {
+        const ScoringTask& task = planned[i].plan.tasks[k];
+        jobs.push_back({planned[i].tables[k], planned[i].positions[task.kv_head], &task});
+        owner.push_back(i);
+      }
+    }
+    results.emplace_back();
+    BKV_RETURN_IF_ERROR(scorer.Score(sshape, jobs, &results.back()));
+    for (size_t j = 0; j < jobs.size(); ++j)
+      planned[owner[j]].masks.push_back(results.back().KeepOf(static_cast<int32_t>(j)));
+  }
+  std::vector<std::vector<KeepSet>> out(targets.size());
+  for (size_t t = 0; t < targets.size(); ++t) {
+    for (auto& [sets, index] : layers[t]) {
+      if (index >= 0) {
+        // One keep-set per due head, as Compress returns them: a head within budget has no
+        // task and keeps every slot.
+        const Planned& p = planned[index];
+        BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> scored, KeepSetsFromMasks(p.plan, p.masks));
+        size_t next = 0;
+        for (int32_t h : p.due) {
+          if (next < scored.size() && scored[next].kv_head == h) {
+            sets.push_back(std::move(scored[next++]));
+            continue;
+          }
+          KeepSet all{p.plan.layer, h, std::vector<int32_t>(p.positions[h].size())};
+          for (size_t i = 0; i < all.slots.size(); ++i) all.slots[i] = static_cast<int32_t>(i);
+          sets.push_back(std::move(all));
+        }
+      }
+      out[t].insert(out[t].end(), std::make_move_iterator(sets.begin()),
+                    std::make_move_iterator(sets.end()));
+    }
+  }
+  return out;
+}
+
+int64_t CountLayers(absl::Span<const KeepSet> sets) {
+  int64_t n = 0;
+  for (size_t i = 0; i < sets.size(); ++i) n += i == 0 || sets[i].layer != sets[i - 1].layer;
+  return n;
+}
+
+}  // namespace beaconkv
