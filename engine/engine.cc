@@ -23,12 +23,7 @@ double Now() {
 class ScopedTimer {
  public:
   explicit ScopedTimer(double* acc) : acc_(acc), start_(Now()) {}
-  ~ScopedTimer() { Stop(); }
-  // Adds the time so far and stops counting (before a callee that keeps its own time).
-  void Stop() {
-    if (acc_ != nullptr) *acc_ += Now() - start_;
-    acc_ = nullptr;
-  }
+  ~ScopedTimer() { *acc_ += Now() - start_; }
 
  private:
   double* acc_;
