@@ -377,7 +377,8 @@ class VllmKvCache {
           const float* post = q + ((t0 + i) * num_heads_ + h * group) * d;
           rope_->RotateMany(post, group, -static_cast<int64_t>(pos), pre.data());
           HeadKeys hk;
-          if (pol.NeedsKeysOnObserve()) hk = GatherKeys(id, layer, h, &keys, &positions);
+          if (pol.NeedsKeysOnObserve())
+            hk = GatherHead(*manager_, *store_, id, layer, h, &keys, &positions);
           absl::Status st = pol.Observe(layer, h, StepQueries{pos, pre.data(), post},
                                         pol.NeedsKeysOnObserve() ? &hk : nullptr);
           if (!st.ok()) return st;
@@ -386,11 +387,6 @@ class VllmKvCache {
       t0 += n;
     }
     return absl::OkStatus();
-  }
-
-  HeadKeys GatherKeys(SequenceId id, int32_t layer, int32_t h, std::vector<float>* keys,
-                      std::vector<int32_t>* positions) const {
-    return GatherHead(*manager_, *store_, id, layer, h, keys, positions);
   }
 
   void WriteNewTokens(SequenceId id, int32_t layer, int32_t n, const float* k, const float* v) {

@@ -93,7 +93,6 @@ absl::StatusOr<ScoringPlan> PolicyState::PlanScored(int32_t layer, absl::Span<co
     if (protect.empty()) protect.assign(n, 0);
     ScoringTask task;
     task.kv_head = h;
-    task.num_tokens = n;
     task.num_queries = hooks.rows(h, ordered, &protect, &task.queries);
     const int64_t kept = std::count(protect.begin(), protect.end(), uint8_t{1});
     task.k = std::max<int64_t>(hooks.budget - kept, 0);
@@ -115,13 +114,13 @@ absl::StatusOr<std::vector<KeepSet>> KeepSetsFromMasks(
   out.reserve(keep.size());
   for (size_t t = 0; t < keep.size(); ++t) {
     const ScoringTask& task = plan.tasks[t];
-    if (static_cast<int64_t>(keep[t].size()) != task.num_tokens) {
+    if (static_cast<int64_t>(keep[t].size()) != task.num_tokens()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "scoring plan of layer %d, kv_head %d: keep mask of %d slots for %d tokens", plan.layer,
-          task.kv_head, keep[t].size(), task.num_tokens));
+          task.kv_head, keep[t].size(), task.num_tokens()));
     }
     KeepSet ks{plan.layer, task.kv_head, {}};
-    for (int32_t i = 0; i < task.num_tokens; ++i) {
+    for (int32_t i = 0; i < task.num_tokens(); ++i) {
       if (keep[t][i]) ks.slots.push_back(i);
     }
     out.push_back(std::move(ks));

@@ -35,11 +35,12 @@ namespace beaconkv {
 // recent token). Slot order throughout, as the head's block table holds the tokens.
 struct ScoringTask {
   int32_t kv_head = 0;
-  int32_t num_tokens = 0;        // the head's tokens; protect has this size
   int32_t num_queries = 0;       // rows of queries, each [group_size, head_dim]
   std::vector<float> queries;    // [num_queries, group_size, head_dim]
-  std::vector<uint8_t> protect;  // [num_tokens] slot order, 1 = kept whatever the scores
+  std::vector<uint8_t> protect;  // [num_tokens()] slot order, 1 = kept whatever the scores
   int64_t k = 0;                 // unprotected tokens kept, the best by pooled score
+
+  int32_t num_tokens() const { return static_cast<int32_t>(protect.size()); }  // the head's
 };
 
 // A layer's planned compression: how every task of it is scored, and the tasks of the heads
@@ -53,7 +54,7 @@ struct ScoringPlan {
   std::vector<ScoringTask> tasks;  // ascending kv_head
 };
 
-// Builds the keep-sets of `plan` from a scorer's keep masks: keep[t] is task t's [num_tokens]
+// Builds the keep-sets of `plan` from a scorer's keep masks: keep[t] is task t's [num_tokens()]
 // slot-order mask. kInvalidArgument when the masks do not match the plan.
 absl::StatusOr<std::vector<KeepSet>> KeepSetsFromMasks(
     const ScoringPlan& plan, absl::Span<const absl::Span<const uint8_t>> keep);

@@ -209,16 +209,12 @@ void Engine::Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t positi
   std::vector<float> keys;
   std::vector<int32_t> positions;
   HeadKeys hk;
-  if (s.policy->NeedsKeysOnObserve()) hk = GatherKeys(s.out.id, layer, kv_head, &keys, &positions);
+  if (s.policy->NeedsKeysOnObserve())
+    hk = GatherHead(*bm_, *store_, s.out.id, layer, kv_head, &keys, &positions);
   absl::Status st = s.policy->Observe(layer, kv_head, StepQueries{position, pre, post},
                                       s.policy->NeedsKeysOnObserve() ? &hk : nullptr);
   // The runner's callback cannot return a status: keep the first error for the step.
   if (!st.ok() && observe_status_.ok()) observe_status_ = st;
-}
-
-HeadKeys Engine::GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vector<float>* keys,
-                            std::vector<int32_t>* positions) const {
-  return GatherHead(*bm_, *store_, id, layer, kv_head, keys, positions);
 }
 
 int32_t Engine::PeakBlocks(const SeqState& s, int64_t prefill_len) const {

@@ -103,9 +103,6 @@ class Engine {
   absl::Status ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep, int32_t current);
   void Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t position, const float* pre,
                const float* post);
-  // Copies a head's keys (slot order) and positions into `keys` / `positions` (GatherHead).
-  HeadKeys GatherKeys(int64_t id, int32_t layer, int32_t kv_head, std::vector<float>* keys,
-                      std::vector<int32_t>* positions) const;
   // Appends to s.evictions the positions of `positions` (one head's, slot order) that
   // `kept.slots` (ascending) drops.
   static void RecordEvictions(SeqState& s, const KeepSet& kept, absl::Span<const int32_t> positions,

@@ -39,17 +39,16 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
     const ScoringJob& job = jobs[j];
     if (job.task == nullptr) return JobError(j, "no task");
     const ScoringTask& t = *job.task;
-    const int64_t n = t.num_tokens;
-    if (n < 0) return JobError(j, absl::StrFormat("num_tokens=%d is negative", n));
+    const int64_t n = static_cast<int64_t>(t.protect.size());
+    if (n > kMax) return JobError(j, absl::StrFormat("%d tokens exceed 2^31 - 1", n));
     if (t.num_queries < 0 || static_cast<int64_t>(t.queries.size()) != t.num_queries * row) {
       return JobError(
           j, absl::StrFormat("%d queries of %d floats need %d floats, got %d", t.num_queries, row,
                              t.num_queries * row, t.queries.size()));
     }
-    if (static_cast<int64_t>(t.protect.size()) != n ||
-        static_cast<int64_t>(job.positions.size()) != n) {
-      return JobError(j, absl::StrFormat("protect (%d) and positions (%d) must hold %d tokens",
-                                         t.protect.size(), job.positions.size(), n));
+    if (static_cast<int64_t>(job.positions.size()) != n) {
+      return JobError(
+          j, absl::StrFormat("positions of %d tokens for a task of %d", job.positions.size(), n));
     }
     if (static_cast<int64_t>(job.table.size()) * shape.block_size < n) {
       return JobError(j, absl::StrFormat("a table of %d blocks of %d cannot hold %d tokens",
@@ -78,17 +77,17 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
   for (int32_t j = 0; j < b.num_jobs; ++j) {
     const ScoringJob& job = jobs[j];
     const ScoringTask& t = *job.task;
-    const int32_t used = (t.num_tokens + shape.block_size - 1) / shape.block_size;
+    const int32_t used = (t.num_tokens() + shape.block_size - 1) / shape.block_size;
     std::copy_n(job.table.begin(), used,
                 b.tables.begin() + static_cast<ptrdiff_t>(j) * b.max_blocks);
-    b.lengths[j] = t.num_tokens;
+    b.lengths[j] = t.num_tokens();
     b.table_of_head[j] = j;
     b.k[j] = static_cast<int32_t>(t.k);
     b.queries.insert(b.queries.end(), t.queries.begin(), t.queries.end());
     b.query_offsets.push_back(b.query_offsets.back() + t.num_queries);
     b.positions.insert(b.positions.end(), job.positions.begin(), job.positions.end());
     b.protect.insert(b.protect.end(), t.protect.begin(), t.protect.end());
-    b.offsets.push_back(b.offsets.back() + t.num_tokens);
+    b.offsets.push_back(b.offsets.back() + t.num_tokens());
   }
   return absl::OkStatus();
 }

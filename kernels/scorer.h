@@ -23,8 +23,8 @@ namespace beaconkv {
 
 // One planned head of one sequence: its block table and the plan's task for it.
 struct ScoringJob {
-  absl::Span<const BlockId> table;      // the head's block table (at least num_tokens slots)
-  absl::Span<const int32_t> positions;  // [task->num_tokens] slot order
+  absl::Span<const BlockId> table;      // the head's block table (at least num_tokens() slots)
+  absl::Span<const int32_t> positions;  // [task->num_tokens()] slot order
   const ScoringTask* task = nullptr;
 };
 

@@ -293,9 +293,9 @@ TEST(KeepSetsFromMasksTest, MapsMasksAndRejectsMismatches) {
   plan.layer = 1;
   plan.tasks.resize(2);
   plan.tasks[0].kv_head = 0;
-  plan.tasks[0].num_tokens = 4;
+  plan.tasks[0].protect.assign(4, 0);
   plan.tasks[1].kv_head = 2;
-  plan.tasks[1].num_tokens = 3;
+  plan.tasks[1].protect.assign(3, 0);
   const std::vector<uint8_t> a = {1, 0, 0, 1}, b = {0, 1, 1}, short_b = {0, 1};
   auto sets = KeepSetsFromMasks(plan, {absl::MakeConstSpan(a), absl::MakeConstSpan(b)});
   ASSERT_TRUE(sets.ok());
@@ -317,13 +317,11 @@ TEST(BuildScoringBatchTest, LaysOutJobsAndNamesBadOnes) {
                      /*group_size=*/1, {},
                      Pooling::kNone,   1};
   ScoringTask t0;
-  t0.num_tokens = 3;
   t0.num_queries = 1;
   t0.queries = {1.0f, 0.0f};
   t0.protect = {1, 0, 0};
   t0.k = 1;
   ScoringTask t1 = t0;
-  t1.num_tokens = 1;
   t1.protect = {0};
   const std::vector<BlockId> table0 = {5, 3}, table1 = {7};
   const std::vector<int32_t> pos0 = {4, 0, 9}, pos1 = {2};
@@ -364,7 +362,6 @@ TEST(PagedTwinScorerTest, RejectsAStoreOfAnotherShapeAndBlocksOutsideIt) {
   CpuKvStore store(4, 2, 2);
   PagedTwinScorer scorer(&store);
   ScoringTask t;
-  t.num_tokens = 2;
   t.num_queries = 1;
   t.queries = {1.0f, 0.0f};
   t.protect = {0, 0};

@@ -69,7 +69,6 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
                           static_cast<int32_t>((free.size() - next) / jobs_n) * c.block_size);
     ScoringTask& t = tasks[j];
     t.kv_head = j;
-    t.num_tokens = n;
     t.num_queries = 1 + static_cast<int32_t>(rng() % 64);
     t.queries.resize(static_cast<size_t>(t.num_queries) * c.group_size * c.head_dim);
     for (float& x : t.queries) x = normal(rng);
@@ -140,7 +139,6 @@ TEST(GpuScorerErrorsTest, ShapesTheKernelsDoNotTakeAreInvalidArguments) {
   CudaKvStore device(dk.as<float>(), dv.as<float>(), dp.as<int32_t>(), 8, bs, d);
   GpuScorer gpu(&device);
   ScoringTask t;
-  t.num_tokens = 3;
   t.num_queries = 1;
   t.queries.assign(d, 1.0f);
   t.protect.assign(3, 0);
