@@ -51,6 +51,9 @@ struct ScoringPlan {
   ScoreSpec spec;          // GQA and query reductions
   Pooling pooling = Pooling::kNone;
   int32_t pool_kernel = 1;
+  // True: protected tokens take no part in the scoring (outside every softmax) and pool as
+  // the pooling's padding, so they must be the head's newest tokens (snapkv's window).
+  bool protected_unscored = false;
   std::vector<ScoringTask> tasks;  // ascending kv_head
 };
 
@@ -95,9 +98,9 @@ class PolicyState {
   // Plans what Compress(layer, heads, due, current_position) would do for a scorer outside
   // the policy to carry out; heads may come without keys (positions only). Advances the
   // policy state exactly as Compress does (beacon draws), so call one or the other per event.
-  // kUnimplemented for policies whose selection is not "score each head, keep protected +
-  // k best" on the device's terms (full, streaming, h2o, snapkv and rkv (max-logit GQA
-  // reduction, redundancy), rpc, pooled budgets): run Compress for those.
+  // beacon, tova and snapkv plan (uniform budgets). kUnimplemented for policies whose
+  // selection is not "score each head, keep protected + k best" on the device's terms (full,
+  // streaming, h2o, rkv (its redundancy term), rpc, pooled budgets): run Compress for those.
   virtual absl::StatusOr<ScoringPlan> PlanScoring(int32_t layer, absl::Span<const HeadKeys> heads,
                                                   absl::Span<const int32_t> due,
                                                   int32_t current_position);

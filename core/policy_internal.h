@@ -23,6 +23,12 @@ class QueryRing {
   int32_t size() const { return size_; }
   // Copies the held steps, oldest first, into out: [size, row_floats].
   void CopyOrdered(float* out) const;
+  // The same into a vector sized to fit (a plan's query rows); returns size().
+  int32_t CopyOrdered(std::vector<float>* out) const {
+    out->resize(static_cast<size_t>(size_) * row_floats_);
+    CopyOrdered(out->data());
+    return size_;
+  }
   int64_t Bytes() const { return static_cast<int64_t>(data_.size() * sizeof(float)); }
 
  private:

@@ -121,11 +121,7 @@ class TovaState final : public PolicyState {
         {config_.budget, std::move(shape),
          [](int32_t, const OrderedHead&, std::vector<uint8_t>*) {},
          [&](int32_t h, const OrderedHead&, std::vector<uint8_t>*, std::vector<float>* queries) {
-           const QueryRing& ring = last_[geometry_.HeadIndex(layer, h)];
-           queries->resize(static_cast<size_t>(ring.size()) * geometry_.group_size *
-                           geometry_.head_dim());
-           ring.CopyOrdered(queries->data());
-           return ring.size();
+           return last_[geometry_.HeadIndex(layer, h)].CopyOrdered(queries);
          }});
   }
 

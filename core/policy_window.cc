@@ -50,10 +50,7 @@ class WindowedState final : public PolicyState {
     return CompressScored(layer, heads, due,
                           {p_.budget_mode, p_.budget,
                            [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
-                             const int32_t n = ordered.size();
-                             protect->assign(n, 0);
-                             for (int32_t i = std::max(n - p_.window, 0); i < n; ++i)
-                               (*protect)[i] = 1;
+                             ProtectWindow(ordered, protect);
                            },
                            [&](int32_t h, const OrderedHead& ordered, absl::Span<const uint8_t>,
                                absl::Span<float> scores) {
@@ -63,6 +60,33 @@ class WindowedState final : public PolicyState {
                            }});
   }
 
+  // snapkv with uniform budgets, for an external scorer: the window's queries (max of the
+  // group's logits, one softmax, mean over the queries) score the keys before the window,
+  // which is kept and takes no part (protected_unscored). rkv (its redundancy term reads
+  // every key pair) and pooled budgets run Compress.
+  absl::StatusOr<ScoringPlan> PlanScoring(int32_t layer, absl::Span<const HeadKeys> heads,
+                                          absl::Span<const int32_t> due,
+                                          int32_t current_position) override {
+    if (p_.redundancy || p_.budget_mode != BudgetMode::kUniform) {
+      return PolicyState::PlanScoring(layer, heads, due, current_position);
+    }
+    ScoringPlan shape;
+    shape.group_size = geometry_.group_size;
+    shape.spec = {GqaReduction::kMaxLogits, QueryReduction::kMean};
+    shape.pooling = p_.pooling;
+    shape.pool_kernel = p_.pool_kernel;
+    shape.protected_unscored = true;
+    return PlanScored(
+        layer, heads, due,
+        {p_.budget, std::move(shape),
+         [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
+           ProtectWindow(ordered, protect);
+         },
+         [&](int32_t h, const OrderedHead&, std::vector<uint8_t>*, std::vector<float>* queries) {
+           return rings_[geometry_.HeadIndex(layer, h)].CopyOrdered(queries);
+         }});
+  }
+
   int64_t StateBytes() const override {
     int64_t b = 0;
     for (const QueryRing& r : rings_) b += r.Bytes();
@@ -70,6 +94,12 @@ class WindowedState final : public PolicyState {
   }
 
  private:
+  void ProtectWindow(const OrderedHead& ordered, std::vector<uint8_t>* protect) const {
+    const int32_t n = ordered.size();
+    protect->assign(n, 0);
+    for (int32_t i = std::max(n - p_.window, 0); i < n; ++i) (*protect)[i] = 1;
+  }
+
   // scores[0, region) = importance (and, for rkv, minus redundancy) of the non-window keys.
   void ScoreHead(int32_t head_index, const OrderedHead& ordered, int32_t region, int32_t d,
                  int32_t g, float* scores) {

@@ -333,7 +333,8 @@ void BenchCompression(Results& res, int32_t num_sms) {
   });
   const double score_ms = TimeMs(3, [&] {
     BENCH_CHECK(PagedAttentionScores(c.k, c.tables, c.lengths, d_table_of_head, queries,
-                                     d_query_offsets, d_score_offsets, ss, scores, nullptr));
+                                     d_query_offsets, d_score_offsets, nullptr, ss, scores,
+                                     nullptr));
   });
   // Top-k over the scores just computed.
   int32_t* positions = Alloc<int32_t>(int64_t{heads} * kTokens);

@@ -53,9 +53,6 @@ void* GpuScorer::Buffer(int which, size_t bytes, cudaError_t* error) {
 
 absl::Status GpuScorer::Score(const ScoringShape& shape, absl::Span<const ScoringJob> jobs,
                               ScoringResult* result) {
-  if (shape.spec.gqa == GqaReduction::kMaxLogits) {
-    return absl::InvalidArgumentError("GpuScorer: the kMaxLogits GQA reduction is CPU-only");
-  }
   const StoreShape store{store_->head_dim(), store_->block_size(), store_->num_blocks()};
   if (absl::Status s = PrepareScoring("GpuScorer", store, shape, jobs, &batch_, result); !s.ok())
     return s;
@@ -88,8 +85,9 @@ absl::Status GpuScorer::Score(const ScoringShape& shape, absl::Span<const Scorin
   auto* keep = static_cast<uint8_t*>(Buffer(kKeep, items, &e));
   if (e != cudaSuccess) return CudaError(e, "cudaMalloc");
 
-  if ((e = PagedAttentionScores(store_->keys(), tables, lengths, table_of_head, queries,
-                                query_offsets, offsets, ks.scores, scores, stream_)) !=
+  if ((e = PagedAttentionScores(
+           store_->keys(), tables, lengths, table_of_head, queries, query_offsets, offsets,
+           internal_scorer::ExcludedKeys(shape, protect), ks.scores, scores, stream_)) !=
       cudaSuccess) {
     return e == cudaErrorInvalidValue
                ? absl::InvalidArgumentError(absl::StrFormat(

@@ -23,7 +23,7 @@ class GpuScorer final : public Scorer {
   GpuScorer& operator=(const GpuScorer&) = delete;
 
   // kInvalidArgument for bad jobs (BuildScoringBatch) or a shape the kernels do not take
-  // (head_dim other than 32/64/128/256, kMaxLogits); kInternal with the CUDA error's name.
+  // (head_dim other than 32/64/128/256); kInternal with the CUDA error's name.
   absl::Status Score(const ScoringShape& shape, absl::Span<const ScoringJob> jobs,
                      ScoringResult* result) override;
 

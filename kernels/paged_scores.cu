@@ -22,12 +22,19 @@ struct Smem {
   float p[kRows][kKeys + 1];                 // [rows, keys] logits, then probabilities
   float row_max[kRows];                      // [rows] running max of the logits
   float row_sum[kRows];                      // [rows] running sum of exp(logit - max)
+  int scored[kKeys];                         // [keys of the tile] 1 = in the softmax
 };
 
-// Loads keys [j0, j0 + kKeys) of the head into s.k through the block table (zeros past n).
+// Loads keys [j0, j0 + kKeys) of the head into s.k through the block table (zeros past n),
+// and which of them are scored (not past n, not excluded).
 template <int HEAD_DIM>
 __device__ void LoadKeyTile(const float* __restrict__ k_cache, const int32_t* __restrict__ table,
-                            int32_t block_size, int32_t j0, int32_t n, Smem<HEAD_DIM>& s) {
+                            const uint8_t* __restrict__ excluded, int32_t block_size, int32_t j0,
+                            int32_t n, Smem<HEAD_DIM>& s) {
+  if (threadIdx.x < kKeys) {
+    const int32_t j = j0 + threadIdx.x;
+    s.scored[threadIdx.x] = j < n && (excluded == nullptr || excluded[j] == 0);
+  }
   constexpr int kVec = HEAD_DIM / 4;  // float4 per key
   for (int i = threadIdx.x; i < kKeys * kVec; i += kThreads) {
     const int key = i / kVec, part = i % kVec;
@@ -63,10 +70,22 @@ __device__ void TileLogits(const Smem<HEAD_DIM>& s, float scale, float (&acc)[kM
     for (int b = 0; b < kMicro; ++b) acc[a][b] *= scale;
 }
 
+// kMaxLogits: the first row of each query's group takes the max of the group's logits; that
+// row alone is the query's softmax. Needs s.p to hold the tile's logits.
+template <int HEAD_DIM>
+__device__ void GroupMaxLogits(int queries_here, int g, Smem<HEAD_DIM>& s) {
+  for (int i = threadIdx.x; i < queries_here * kKeys; i += kThreads) {
+    const int q = i / kKeys, c = i % kKeys;
+    float m = s.p[q * g][c];
+    for (int r = 1; r < g; ++r) m = fmaxf(m, s.p[q * g + r][c]);
+    s.p[q * g][c] = m;
+  }
+}
+
 // One thread block per head. Query rows go in chunks of whole queries (<= kRows rows); per
 // chunk, pass 1 walks the key tiles for each row's softmax max and sum, pass 2 walks them again
 // and folds the probabilities into the head's scores (kept in `scores`, each key owned by one
-// thread throughout, so no atomics).
+// thread throughout, so no atomics). Excluded keys take no part and score shape.excluded_score.
 template <int HEAD_DIM>
 __global__ void __launch_bounds__(kThreads)
     PagedScoresKernel(const float* __restrict__ k_cache,          // [num_blocks, bs, head_dim]
@@ -76,6 +95,7 @@ __global__ void __launch_bounds__(kThreads)
                       const float* __restrict__ queries,  // [total_queries, group, head_dim]
                       const int32_t* __restrict__ query_offsets,  // [num_heads + 1]
                       const int32_t* __restrict__ score_offsets,  // [num_heads + 1]
+                      const uint8_t* __restrict__ excluded,  // [score_offsets[num_heads]] / null
                       PagedScoresShape shape, float scale,
                       float* __restrict__ scores) {  // [score_offsets[num_heads]]
   extern __shared__ float4 smem_raw[];
@@ -86,11 +106,16 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* table = block_tables + int64_t{t} * shape.max_blocks;
   const int32_t q0 = query_offsets[h], nq = query_offsets[h + 1] - q0;
   float* out = scores + score_offsets[h];  // [n]
+  const uint8_t* skip = excluded == nullptr ? nullptr : excluded + score_offsets[h];
   const int g = shape.group_size;
+  const bool max_logits = shape.gqa == ScoreGqa::kMaxLogits;
+  const int row_step = max_logits ? g : 1;  // rows that hold a softmax
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int tx = threadIdx.x % kGroups, ty = threadIdx.x / kGroups;
   if (nq == 0) {
-    for (int32_t j = threadIdx.x; j < n; j += kThreads) out[j] = 0.0f;
+    for (int32_t j = threadIdx.x; j < n; j += kThreads) {
+      out[j] = skip != nullptr && skip[j] ? shape.excluded_score : 0.0f;
+    }
     return;
   }
   const int chunk_queries = kRows / g;
@@ -110,22 +135,31 @@ __global__ void __launch_bounds__(kThreads)
     // Pass 1: per-row online max and sum of exponentials.
     for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
       __syncthreads();  // s.k and s.p free
-      LoadKeyTile<HEAD_DIM>(k_cache, table, shape.block_size, j0, n, s);
+      LoadKeyTile<HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
       __syncthreads();
       float acc[kMicro][kMicro];
       TileLogits<HEAD_DIM>(s, scale, acc);
       for (int a = 0; a < kMicro; ++a)
         for (int b = 0; b < kMicro; ++b) s.p[ty + kGroups * a][tx + kGroups * b] = acc[a][b];
       __syncthreads();
+      if (max_logits) {
+        GroupMaxLogits<HEAD_DIM>(queries_here, g, s);
+        __syncthreads();
+      }
       const int keys_here = min(kKeys, n - j0);
-      for (int r = warp; r < rows; r += kThreads / 32) {  // each row owned by one warp
+      // Each softmax row owned by one warp.
+      for (int r = warp * row_step; r < rows; r += (kThreads / 32) * row_step) {
         const float m_old = s.row_max[r], sum_old = s.row_sum[r];
         float m = -FLT_MAX;
-        for (int c = lane; c < keys_here; c += 32) m = fmaxf(m, s.p[r][c]);
+        for (int c = lane; c < keys_here; c += 32) {
+          if (s.scored[c]) m = fmaxf(m, s.p[r][c]);
+        }
         for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
         const float m_new = fmaxf(m_old, m);
         float sum = 0.0f;
-        for (int c = lane; c < keys_here; c += 32) sum += expf(s.p[r][c] - m_new);
+        for (int c = lane; c < keys_here; c += 32) {
+          if (s.scored[c]) sum += expf(s.p[r][c] - m_new);
+        }
         for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
         if (lane == 0) {
           s.row_sum[r] = sum_old * expf(m_old - m_new) + sum;
@@ -138,25 +172,39 @@ __global__ void __launch_bounds__(kThreads)
     // Pass 2: probabilities, reduced over the group, then over the queries into out.
     for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
       __syncthreads();  // s.k and s.p free; row_sum inverted
-      LoadKeyTile<HEAD_DIM>(k_cache, table, shape.block_size, j0, n, s);
+      LoadKeyTile<HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
       __syncthreads();
       float acc[kMicro][kMicro];
       TileLogits<HEAD_DIM>(s, scale, acc);
-      for (int a = 0; a < kMicro; ++a) {
-        const int r = ty + kGroups * a;
-        if (r >= rows) continue;
-        for (int b = 0; b < kMicro; ++b) {
-          s.p[r][tx + kGroups * b] = __fmul_rn(expf(acc[a][b] - s.row_max[r]), s.row_sum[r]);
+      if (max_logits) {  // logits, the group's max, then the probabilities of that row
+        for (int a = 0; a < kMicro; ++a)
+          for (int b = 0; b < kMicro; ++b) s.p[ty + kGroups * a][tx + kGroups * b] = acc[a][b];
+        __syncthreads();
+        GroupMaxLogits<HEAD_DIM>(queries_here, g, s);
+        __syncthreads();
+        for (int i = threadIdx.x; i < queries_here * kKeys; i += kThreads) {
+          const int r = (i / kKeys) * g, c = i % kKeys;
+          s.p[r][c] = __fmul_rn(expf(s.p[r][c] - s.row_max[r]), s.row_sum[r]);
+        }
+      } else {
+        for (int a = 0; a < kMicro; ++a) {
+          const int r = ty + kGroups * a;
+          if (r >= rows) continue;
+          for (int b = 0; b < kMicro; ++b) {
+            s.p[r][tx + kGroups * b] = __fmul_rn(expf(acc[a][b] - s.row_max[r]), s.row_sum[r]);
+          }
         }
       }
       __syncthreads();
       const int32_t j = j0 + threadIdx.x;
-      if (threadIdx.x < kKeys && j < n) {
+      if (threadIdx.x < kKeys && j < n && !s.scored[threadIdx.x]) {
+        out[j] = shape.excluded_score;
+      } else if (threadIdx.x < kKeys && j < n) {
         const int c = threadIdx.x;
         float total = cq == 0 ? 0.0f : out[j];
         for (int q = 0; q < queries_here; ++q) {
           float red = s.p[q * g][c];
-          for (int m = 1; m < g; ++m) {
+          for (int m = 1; m < g && !max_logits; ++m) {
             red = shape.gqa == ScoreGqa::kMaxProbs ? fmaxf(red, s.p[q * g + m][c])
                                                    : __fadd_rn(red, s.p[q * g + m][c]);
           }
@@ -175,8 +223,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int HEAD_DIM>
 cudaError_t Launch(const float* k_cache, const int32_t* block_tables, const int32_t* lengths,
                    const int32_t* table_of_head, const float* queries, const int32_t* query_offsets,
-                   const int32_t* score_offsets, const PagedScoresShape& shape, float* scores,
-                   cudaStream_t stream) {
+                   const int32_t* score_offsets, const uint8_t* excluded,
+                   const PagedScoresShape& shape, float* scores, cudaStream_t stream) {
   const size_t smem = sizeof(Smem<HEAD_DIM>);
   cudaError_t err =
       cudaFuncSetAttribute(PagedScoresKernel<HEAD_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -184,8 +232,8 @@ cudaError_t Launch(const float* k_cache, const int32_t* block_tables, const int3
   if (err != cudaSuccess) return err;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HEAD_DIM));
   PagedScoresKernel<HEAD_DIM><<<shape.num_heads, kThreads, smem, stream>>>(
-      k_cache, block_tables, lengths, table_of_head, queries, query_offsets, score_offsets, shape,
-      scale, scores);
+      k_cache, block_tables, lengths, table_of_head, queries, query_offsets, score_offsets,
+      excluded, shape, scale, scores);
   return cudaGetLastError();
 }
 
@@ -194,13 +242,15 @@ cudaError_t Launch(const float* k_cache, const int32_t* block_tables, const int3
 cudaError_t PagedAttentionScores(const float* k_cache, const int32_t* block_tables,
                                  const int32_t* lengths, const int32_t* table_of_head,
                                  const float* queries, const int32_t* query_offsets,
-                                 const int32_t* score_offsets, const PagedScoresShape& shape,
-                                 float* scores, cudaStream_t stream) {
+                                 const int32_t* score_offsets, const uint8_t* excluded,
+                                 const PagedScoresShape& shape, float* scores,
+                                 cudaStream_t stream) {
   if (shape.num_heads < 0 || shape.block_size < 1 || shape.max_blocks < 0 || shape.group_size < 1 ||
       shape.group_size > kRows) {
     return cudaErrorInvalidValue;
   }
-  if (shape.gqa != ScoreGqa::kMaxProbs && shape.gqa != ScoreGqa::kMeanProbs) {
+  if (shape.gqa != ScoreGqa::kMaxProbs && shape.gqa != ScoreGqa::kMeanProbs &&
+      shape.gqa != ScoreGqa::kMaxLogits) {
     return cudaErrorInvalidValue;
   }
   if (shape.query != ScoreQuery::kMax && shape.query != ScoreQuery::kMean &&
@@ -212,16 +262,16 @@ cudaError_t PagedAttentionScores(const float* k_cache, const int32_t* block_tabl
   switch (shape.head_dim) {
     case 32:
       return Launch<32>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
-                        score_offsets, shape, scores, stream);
+                        score_offsets, excluded, shape, scores, stream);
     case 64:
       return Launch<64>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
-                        score_offsets, shape, scores, stream);
+                        score_offsets, excluded, shape, scores, stream);
     case 128:
       return Launch<128>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
-                         score_offsets, shape, scores, stream);
+                         score_offsets, excluded, shape, scores, stream);
     case 256:
       return Launch<256>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
-                         score_offsets, shape, scores, stream);
+                         score_offsets, excluded, shape, scores, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -11,13 +11,13 @@ namespace beaconkv::kernels {
 
 // Same arguments as PagedAttentionScoresCpu, all arrays on the device. One thread block per
 // head scores every key of the head in one launch for all heads. head_dim must be 32, 64, 128
-// or 256, group_size 1..64, gqa kMaxProbs or kMeanProbs (cudaErrorInvalidValue otherwise; the
-// CPU twin also takes kMaxLogits). Needs no scratch. Exponentials and summation order differ
-// from the CPU twin (expf vs its polynomial, tiled reductions), so scores agree to rounding.
+// or 256, group_size 1..64 (cudaErrorInvalidValue otherwise). Needs no scratch. Exponentials
+// and summation order differ from the CPU twin (expf vs its polynomial, tiled reductions), so
+// scores agree to rounding.
 cudaError_t PagedAttentionScores(const float* k_cache, const int32_t* block_tables,
                                  const int32_t* lengths, const int32_t* table_of_head,
                                  const float* queries, const int32_t* query_offsets,
-                                 const int32_t* score_offsets, const PagedScoresShape& shape,
-                                 float* scores, cudaStream_t stream);
+                                 const int32_t* score_offsets, const uint8_t* excluded,
+                                 const PagedScoresShape& shape, float* scores, cudaStream_t stream);
 
 }  // namespace beaconkv::kernels

@@ -7,7 +7,13 @@
 // head's queries [num_queries_h, group_size, head_dim]: softmax per query head over the keys
 // of q.k / sqrt(head_dim), reduced over the GQA group, then over the queries. BeaconKV scores
 // with group_size 1 (every recent query of every query head, and every beacon, is one query),
-// kMaxProbs and kMax.
+// kMaxProbs and kMax; SnapKV with its window's queries, kMaxLogits and kMean.
+//
+// excluded (optional, indexed like scores): keys marked 1 take no part in the softmax, as if
+// the head did not hold them, and their score is shape.excluded_score. SnapKV's window scores
+// only the keys before it; with the window's keys excluded and excluded_score the pooling's
+// padding (-inf for max pooling, 0 for average), pooling a head's scores in position order
+// gives what core Pool1d gives over the keys before the window.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +32,7 @@ struct PagedScoresShape {
   int32_t group_size = 1;  // query heads per query row
   ScoreGqa gqa = ScoreGqa::kMaxProbs;
   ScoreQuery query = ScoreQuery::kMax;
+  float excluded_score = 0.0f;  // the score of an excluded key
 };
 
 void PagedAttentionScoresCpu(const float* k_cache,          // [num_blocks, block_size, head_dim]
@@ -35,6 +42,7 @@ void PagedAttentionScoresCpu(const float* k_cache,          // [num_blocks, bloc
                              const float* queries,          // [total_queries, group_size, head_dim]
                              const int32_t* query_offsets,  // [num_heads + 1]
                              const int32_t* score_offsets,  // [num_heads + 1]; sizes = lengths
+                             const uint8_t* excluded,       // [score_offsets[num_heads]] or null
                              const PagedScoresShape& shape,
                              float* scores);  // [score_offsets[num_heads]], slot order
 

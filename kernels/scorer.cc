@@ -124,8 +124,9 @@ absl::Status PagedTwinScorer::Score(const ScoringShape& shape, absl::Span<const 
   const internal_scorer::KernelShapes ks = internal_scorer::ToKernelShapes(shape, batch_);
   kernels::PagedAttentionScoresCpu(store_->keys_data(), batch_.tables.data(), batch_.lengths.data(),
                                    batch_.table_of_head.data(), batch_.queries.data(),
-                                   batch_.query_offsets.data(), batch_.offsets.data(), ks.scores,
-                                   result->scores.data());
+                                   batch_.query_offsets.data(), batch_.offsets.data(),
+                                   internal_scorer::ExcludedKeys(shape, batch_.protect.data()),
+                                   ks.scores, result->scores.data());
   kernels::SegmentedTopKCpu(batch_.offsets.data(), result->scores.data(), batch_.positions.data(),
                             batch_.protect.data(), batch_.k.data(), ks.topk, result->keep.data());
   return absl::OkStatus();

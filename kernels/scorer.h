@@ -36,9 +36,11 @@ struct ScoringShape {
   ScoreSpec spec;
   Pooling pooling = Pooling::kNone;
   int32_t pool_kernel = 1;
+  bool protected_unscored = false;  // ScoringPlan::protected_unscored
 
   static ScoringShape Of(const ScoringPlan& plan, int32_t head_dim, int32_t block_size) {
-    return {head_dim, block_size, plan.group_size, plan.spec, plan.pooling, plan.pool_kernel};
+    return {head_dim,     block_size,       plan.group_size,        plan.spec,
+            plan.pooling, plan.pool_kernel, plan.protected_unscored};
   }
   bool operator==(const ScoringShape&) const = default;
 };

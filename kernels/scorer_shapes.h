@@ -2,6 +2,8 @@
 // that both run the same problem.
 #pragma once
 
+#include <limits>
+
 #include "kernels/paged_scores_cpu.h"
 #include "kernels/scorer.h"
 #include "kernels/segmented_topk_cpu.h"
@@ -12,6 +14,12 @@ struct KernelShapes {
   kernels::PagedScoresShape scores;
   kernels::SegmentedTopKShape topk;
 };
+
+// The scores kernel's exclusion mask for a batch: its protect mask when protected keys are
+// unscored, else none.
+inline const uint8_t* ExcludedKeys(const ScoringShape& shape, const uint8_t* protect) {
+  return shape.protected_unscored ? protect : nullptr;
+}
 
 inline KernelShapes ToKernelShapes(const ScoringShape& shape, const ScoringBatch& batch) {
   KernelShapes out;
@@ -26,6 +34,10 @@ inline KernelShapes ToKernelShapes(const ScoringShape& shape, const ScoringBatch
   out.scores.query = shape.spec.query == QueryReduction::kMean  ? kernels::ScoreQuery::kMean
                      : shape.spec.query == QueryReduction::kSum ? kernels::ScoreQuery::kSum
                                                                 : kernels::ScoreQuery::kMax;
+  // Unscored (protected) keys score the pooling's padding, so that pooling all of a head's
+  // scores in position order is core Pool1d over the scored ones (they precede the others).
+  out.scores.excluded_score =
+      shape.pooling == Pooling::kMax ? -std::numeric_limits<float>::infinity() : 0.0f;
   out.topk.num_segments = batch.num_jobs;
   out.topk.num_items = batch.offsets.back();
   out.topk.max_segment_len = batch.max_len;

@@ -189,9 +189,9 @@ INSTANTIATE_TEST_SUITE_P(Knobs, PagedScorerTest,
                          ::testing::Values(std::tuple{1, 1, false}, std::tuple{3, 0, false},
                                            std::tuple{5, 2, true}));
 
-// tova plans too; policies without a plan (and pooled budgets) run their own Compress under
-// scorer=paged. Either way the tokens and evictions are the host path's.
-TEST(EngineTest, PagedScorerAgreesForTovaAndForPoliciesWithoutAPlan) {
+// tova and snapkv plan too; policies without a plan (rkv, pooled budgets) run their own
+// Compress under scorer=paged. Either way the tokens and evictions are the host path's.
+TEST(EngineTest, PagedScorerAgreesForTovaSnapKvAndForPoliciesWithoutAPlan) {
   TovaConfig tova;
   tova.budget = 12;
   SnapKvConfig snap;
@@ -199,9 +199,14 @@ TEST(EngineTest, PagedScorerAgreesForTovaAndForPoliciesWithoutAPlan) {
   snap.interval = 4;
   snap.window = 2;
   snap.pool_kernel = 3;
+  RkvConfig rkv;
+  rkv.budget = 12;
+  rkv.interval = 4;
+  rkv.window = 2;
+  rkv.pool_kernel = 3;
   BeaconConfig pooled = SmallBeacon();
   pooled.budget_mode = BudgetMode::kPooled;
-  for (const PolicyConfig& policy : std::vector<PolicyConfig>{tova, snap, pooled}) {
+  for (const PolicyConfig& policy : std::vector<PolicyConfig>{tova, snap, rkv, pooled}) {
     EngineConfig c;
     c.block_size = 4;
     c.policy = policy;

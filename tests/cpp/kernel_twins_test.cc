@@ -171,6 +171,19 @@ TEST(TopKPoolWindowTest, EqualsCorePool1dBitwise) {
   }
 }
 
+PagedScoresShape OneHead(int32_t head_dim, int32_t block_size, int32_t max_blocks,
+                         int32_t group_size, ScoreGqa gqa, ScoreQuery query) {
+  PagedScoresShape s;
+  s.num_heads = 1;
+  s.head_dim = head_dim;
+  s.block_size = block_size;
+  s.max_blocks = max_blocks;
+  s.group_size = group_size;
+  s.gqa = gqa;
+  s.query = query;
+  return s;
+}
+
 TEST(PagedAttentionScoresCpuTest, EqualsAttentionScoresOnTheGatheredKeys) {
   const int32_t d = 8, bs = 4, n = 10, group = 2, nq = 3;
   std::mt19937 rng(9);
@@ -183,17 +196,11 @@ TEST(PagedAttentionScoresCpuTest, EqualsAttentionScoresOnTheGatheredKeys) {
   std::vector<float> q(nq * group * d);
   for (float& x : q) x = nd(rng);
   const std::vector<int32_t> query_offsets = {0, nq}, score_offsets = {0, n};
-  PagedScoresShape s;
-  s.num_heads = 1;
-  s.head_dim = d;
-  s.block_size = bs;
-  s.max_blocks = 3;
-  s.group_size = group;
-  s.gqa = ScoreGqa::kMeanProbs;
-  s.query = ScoreQuery::kSum;
+  const PagedScoresShape s = OneHead(d, bs, 3, group, ScoreGqa::kMeanProbs, ScoreQuery::kSum);
   std::vector<float> got(n);
   PagedAttentionScoresCpu(cache.data(), tables.data(), lengths.data(), table_of_head.data(),
-                          q.data(), query_offsets.data(), score_offsets.data(), s, got.data());
+                          q.data(), query_offsets.data(), score_offsets.data(), nullptr, s,
+                          got.data());
   std::vector<float> keys(n * d), want(n);
   const int32_t blocks[] = {5, 1, 3};
   for (int32_t j = 0; j < n; ++j)
@@ -202,6 +209,53 @@ TEST(PagedAttentionScoresCpuTest, EqualsAttentionScoresOnTheGatheredKeys) {
   AttentionScores(keys.data(), 0, n, d, q.data(), nq, group,
                   {GqaReduction::kMeanProbs, QueryReduction::kSum}, want.data(), &scratch);
   EXPECT_EQ(got, want);
+}
+
+// Excluded keys are left out of every softmax (as if the head did not hold them) and score
+// excluded_score; with max pooling padded by -inf, pooling the head's scores is Pool1d over the
+// scored keys alone when the excluded ones are the newest (snapkv's window).
+TEST(PagedAttentionScoresCpuTest, ExcludedKeysTakeNoPartAndPoolAsPadding) {
+  const int32_t d = 8, bs = 4, n = 11, group = 4, nq = 3, window = 3;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> cache(4 * bs * d);
+  for (float& x : cache) x = nd(rng);
+  const std::vector<int32_t> tables = {2, 0, 3};  // blocks 2, 0, 3
+  const std::vector<int32_t> lengths = {n};
+  const std::vector<int32_t> table_of_head = {0};
+  // Slot order is not position order; the newest `window` positions are excluded.
+  const std::vector<int32_t> positions = {5, 9, 0, 3, 10, 1, 7, 2, 8, 4, 6};
+  std::vector<uint8_t> excluded(n);
+  for (int32_t j = 0; j < n; ++j) excluded[j] = positions[j] >= n - window;
+  std::vector<float> q(nq * group * d);
+  for (float& x : q) x = nd(rng);
+  const std::vector<int32_t> query_offsets = {0, nq}, score_offsets = {0, n};
+  PagedScoresShape s = OneHead(d, bs, 3, group, ScoreGqa::kMaxLogits, ScoreQuery::kMean);
+  s.excluded_score = -std::numeric_limits<float>::infinity();
+  std::vector<float> got(n);
+  PagedAttentionScoresCpu(cache.data(), tables.data(), lengths.data(), table_of_head.data(),
+                          q.data(), query_offsets.data(), score_offsets.data(), excluded.data(), s,
+                          got.data());
+  // The scored keys in position order, scored alone.
+  const int32_t m = n - window;
+  std::vector<float> keys(m * d), want(m);
+  for (int32_t j = 0; j < n; ++j) {
+    if (excluded[j]) {
+      EXPECT_EQ(got[j], s.excluded_score) << "slot " << j;
+      continue;
+    }
+    std::copy_n(cache.data() + (tables[j / bs] * bs + j % bs) * d, d,
+                keys.data() + positions[j] * d);
+  }
+  ScoreScratch scratch;
+  AttentionScores(keys.data(), 0, m, d, q.data(), nq, group,
+                  {GqaReduction::kMaxLogits, QueryReduction::kMean}, want.data(), &scratch);
+  std::vector<float> by_position(n);
+  for (int32_t j = 0; j < n; ++j) by_position[positions[j]] = got[j];
+  for (int32_t i = 0; i < m; ++i) EXPECT_NEAR(by_position[i], want[i], 1e-6f) << "position " << i;
+  Pool1d(Pooling::kMax, 5, absl::MakeSpan(want));
+  Pool1d(Pooling::kMax, 5, absl::MakeSpan(by_position));
+  for (int32_t i = 0; i < m; ++i) EXPECT_NEAR(by_position[i], want[i], 1e-6f) << "position " << i;
 }
 
 TEST(AppendKvCpuTest, WritesTheSlotAfterTheLastToken) {

@@ -1,5 +1,5 @@
-// The device pipeline's scorer (kernels/scorer.h) against the policy it stands in for: a beacon
-// (or tova) state that plans (PlanScoring) and a PagedTwinScorer over a paged store must keep
+// The device pipeline's scorer (kernels/scorer.h) against the policy it stands in for: a beacon,
+// tova or snapkv state that plans (PlanScoring) and a PagedTwinScorer over a paged store must keep
 // what an identical state's own Compress keeps, over many compressions of several layers and heads
 // whose slots are out of position order.
 #include "kernels/scorer.h"
@@ -228,6 +228,17 @@ TovaConfig Tova(int32_t budget, int32_t interval) {
   return c;
 }
 
+SnapKvConfig SnapKv(int32_t budget, int32_t interval, int32_t window, Pooling pooling,
+                    int32_t pool_kernel) {
+  SnapKvConfig c;
+  c.budget = budget;
+  c.interval = interval;
+  c.window = window;
+  c.pooling = pooling;
+  c.pool_kernel = pool_kernel;
+  return c;
+}
+
 BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t coverage,
                     bool protect_prompt) {
   BeaconConfig c;
@@ -250,16 +261,23 @@ INSTANTIATE_TEST_SUITE_P(
                       Params{Beacon(40, 8, 5, 2, true), Geometry{3, 1, 4, 32, 16}, 3},
                       Params{Beacon(72, 24, 1, 0, false), Geometry{1, 3, 1, 8, 1}, 4},
                       Params{Tova(48, 16), Geometry{}, 5},
-                      Params{Tova(40, 1), Geometry{2, 1, 4, 32, 16}, 6}));
+                      Params{Tova(40, 1), Geometry{2, 1, 4, 32, 16}, 6},
+                      Params{SnapKv(48, 16, 8, Pooling::kMax, 5), Geometry{}, 7},
+                      Params{SnapKv(40, 8, 4, Pooling::kAvg, 3), Geometry{3, 1, 4, 32, 16}, 8},
+                      Params{SnapKv(64, 32, 16, Pooling::kNone, 1), Geometry{1, 3, 1, 8, 1}, 9},
+                      Params{SnapKv(36, 4, 35, Pooling::kMax, 7), Geometry{}, 10}));
 
 TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   Geometry g;
-  const std::vector<PolicyConfig> configs = {FullConfig{},   StreamingConfig{}, H2OConfig{},
-                                             SnapKvConfig{}, RkvConfig{},       RpcConfig{}};
+  const std::vector<PolicyConfig> configs = {FullConfig{}, StreamingConfig{}, H2OConfig{},
+                                             RkvConfig{}, RpcConfig{}};
   BeaconConfig pooled;
   pooled.budget_mode = BudgetMode::kPooled;
+  SnapKvConfig pooled_snapkv;
+  pooled_snapkv.budget_mode = BudgetMode::kPooled;
   std::vector<PolicyConfig> all = configs;
   all.push_back(pooled);
+  all.push_back(pooled_snapkv);
   const std::vector<int32_t> positions = {0, 1, 2};
   std::vector<HeadKeys> heads(g.kv_heads, HeadKeys{nullptr, positions.data(), 3});
   for (const PolicyConfig& c : all) {

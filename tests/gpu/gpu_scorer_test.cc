@@ -31,6 +31,8 @@ struct Case {
   GqaReduction gqa;
   Pooling pooling;
   int32_t pool_kernel;
+  QueryReduction query = QueryReduction::kMax;
+  bool protected_unscored = false;
 };
 
 class GpuScorerTest : public ::testing::TestWithParam<Case> {};
@@ -84,8 +86,8 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
   }
   std::vector<ScoringJob> jobs;
   for (int32_t j = 0; j < jobs_n; ++j) jobs.push_back({tables[j], positions[j], &tasks[j]});
-  const ScoringShape shape{c.head_dim, c.block_size, c.group_size, {c.gqa, QueryReduction::kMax},
-                           c.pooling,  c.pool_kernel};
+  const ScoringShape shape{c.head_dim, c.block_size,  c.group_size,        {c.gqa, c.query},
+                           c.pooling,  c.pool_kernel, c.protected_unscored};
 
   ScoringResult want, got;
   PagedTwinScorer twin(&host);
@@ -127,10 +129,14 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuScorerTest,
-    ::testing::Values(Case{32, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 1},
-                      Case{64, 8, 4, GqaReduction::kMeanProbs, Pooling::kAvg, 5},
-                      Case{128, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 3},
-                      Case{128, 1, 8, GqaReduction::kMaxProbs, Pooling::kNone, 1}));
+    ::testing::Values(
+        Case{32, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 1},
+        Case{64, 8, 4, GqaReduction::kMeanProbs, Pooling::kAvg, 5},
+        Case{128, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 3},
+        Case{128, 1, 8, GqaReduction::kMaxProbs, Pooling::kNone, 1},
+        // snapkv's plans: max-logit GQA, mean over the window, window unscored
+        Case{64, 16, 4, GqaReduction::kMaxLogits, Pooling::kMax, 7, QueryReduction::kMean, true},
+        Case{32, 8, 1, GqaReduction::kMaxLogits, Pooling::kAvg, 3, QueryReduction::kMean, true}));
 
 TEST(GpuScorerErrorsTest, ShapesTheKernelsDoNotTakeAreInvalidArguments) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -147,8 +153,6 @@ TEST(GpuScorerErrorsTest, ShapesTheKernelsDoNotTakeAreInvalidArguments) {
   const std::vector<int32_t> pos = {0, 1, 2};
   ScoringResult r;
   ScoringShape shape{d, bs, 1, {}, Pooling::kNone, 1};
-  EXPECT_EQ(gpu.Score(shape, {{table, pos, &t}}, &r).code(), absl::StatusCode::kInvalidArgument);
-  shape.spec.gqa = GqaReduction::kMaxLogits;
   EXPECT_EQ(gpu.Score(shape, {{table, pos, &t}}, &r).code(), absl::StatusCode::kInvalidArgument);
   shape.head_dim = 32;  // not the store's
   EXPECT_EQ(gpu.Score(shape, {{table, pos, &t}}, &r).code(), absl::StatusCode::kInvalidArgument);

@@ -21,15 +21,15 @@ using gpu_test::DeviceBuffer;
 using gpu_test::HaveGpu;
 using gpu_test::ToHost;
 
-// (head_dim, block_size, group_size, gqa, query)
-using Param = std::tuple<int, int, int, ScoreGqa, ScoreQuery>;
+// (head_dim, block_size, group_size, gqa, query, with excluded keys)
+using Param = std::tuple<int, int, int, ScoreGqa, ScoreQuery, bool>;
 class PagedScoresGpuTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(PagedScoresGpuTest, MatchesTheCpuTwin) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  const auto [d, bs, group, gqa, query] = GetParam();
-  const uint32_t seed =
-      d * 1009 + bs * 101 + group * 7 + static_cast<int>(gqa) * 3 + static_cast<int>(query);
+  const auto [d, bs, group, gqa, query, exclude] = GetParam();
+  const uint32_t seed = d * 1009 + bs * 101 + group * 7 + static_cast<int>(gqa) * 3 +
+                        static_cast<int>(query) + (exclude ? 50021 : 0);
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -65,20 +65,35 @@ TEST_P(PagedScoresGpuTest, MatchesTheCpuTwin) {
   }
   std::vector<float> q(int64_t{query_offsets.back()} * group * d);
   for (float& x : q) x = nd(rng);
+  // Excluded keys: a quarter at random, and every key of head 6 (5 keys, 9 queries: a head
+  // left with nothing to score); their score is the max-pooling padding.
+  std::vector<uint8_t> excluded(score_offsets.back(), 0);
+  if (exclude) {
+    for (uint8_t& x : excluded) x = rng() % 4 == 0;
+    std::fill(excluded.begin() + score_offsets[6], excluded.begin() + score_offsets[7], 1);
+    s.excluded_score = -INFINITY;
+  }
+  const uint8_t* host_excluded = exclude ? excluded.data() : nullptr;
   std::vector<float> want(score_offsets.back(), -1.0f);
   PagedAttentionScoresCpu(k.data(), tables.data(), lengths.data(), table_of_head.data(), q.data(),
-                          query_offsets.data(), score_offsets.data(), s, want.data());
+                          query_offsets.data(), score_offsets.data(), host_excluded, s,
+                          want.data());
 
   DeviceBuffer dk(k), dt(tables), dl(lengths), dh(table_of_head), dq(q), dqo(query_offsets),
-      dso(score_offsets), dout(want.size() * sizeof(float));
+      dso(score_offsets), dx(excluded), dout(want.size() * sizeof(float));
   ASSERT_EQ(cudaMemset(dout.as<float>(), 0xff, want.size() * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(PagedAttentionScores(dk.as<float>(), dt.as<int32_t>(), dl.as<int32_t>(),
-                                 dh.as<int32_t>(), dq.as<float>(), dqo.as<int32_t>(),
-                                 dso.as<int32_t>(), s, dout.as<float>(), nullptr),
-            cudaSuccess);
+  ASSERT_EQ(
+      PagedAttentionScores(dk.as<float>(), dt.as<int32_t>(), dl.as<int32_t>(), dh.as<int32_t>(),
+                           dq.as<float>(), dqo.as<int32_t>(), dso.as<int32_t>(),
+                           exclude ? dx.as<uint8_t>() : nullptr, s, dout.as<float>(), nullptr),
+      cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> got = ToHost(dout.as<float>(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
+    if (excluded[i]) {
+      ASSERT_EQ(got[i], s.excluded_score) << "score " << i;
+      continue;
+    }
     ASSERT_NEAR(got[i], want[i], 1e-6f + 2e-4f * std::abs(want[i])) << "score " << i;
   }
 }
@@ -87,8 +102,10 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, PagedScoresGpuTest,
     ::testing::Combine(::testing::Values(32, 64, 128), ::testing::Values(1, 8, 16),
                        ::testing::Values(1, 4, 8),
-                       ::testing::Values(ScoreGqa::kMaxProbs, ScoreGqa::kMeanProbs),
-                       ::testing::Values(ScoreQuery::kMax, ScoreQuery::kMean, ScoreQuery::kSum)));
+                       ::testing::Values(ScoreGqa::kMaxProbs, ScoreGqa::kMeanProbs,
+                                         ScoreGqa::kMaxLogits),
+                       ::testing::Values(ScoreQuery::kMax, ScoreQuery::kMean, ScoreQuery::kSum),
+                       ::testing::Bool()));
 
 // Argument checks happen on the host before any CUDA call: these run without a GPU.
 TEST(PagedScoresArgsTest, UnsupportedShapesAreErrors) {
@@ -97,18 +114,18 @@ TEST(PagedScoresArgsTest, UnsupportedShapesAreErrors) {
   s.block_size = 16;
   s.max_blocks = 1;
   s.head_dim = 48;
-  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s,
-                                 nullptr, nullptr),
+  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr, s, nullptr, nullptr),
             cudaErrorInvalidValue);
   s.head_dim = 128;
-  s.gqa = ScoreGqa::kMaxLogits;
-  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s,
-                                 nullptr, nullptr),
+  s.gqa = static_cast<ScoreGqa>(7);
+  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr, s, nullptr, nullptr),
             cudaErrorInvalidValue);
   s.gqa = ScoreGqa::kMaxProbs;
   s.group_size = 65;
-  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s,
-                                 nullptr, nullptr),
+  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr, s, nullptr, nullptr),
             cudaErrorInvalidValue);
 }
 
