@@ -1,11 +1,14 @@
 #include "kernels/cache_ops.h"
+#include "kernels/kv_dtype_device.cuh"
 
 namespace beaconkv::kernels {
 namespace {
 
-// One thread block per copied block; threads stride over its block_size * head_dim floats.
+// One thread block per copied block; threads stride over its block_size * head_dim elements
+// (T: an unsigned type of the element's size).
+template <typename T>
 __global__ void CopyBlocksKernel(const int32_t* __restrict__ src, const int32_t* __restrict__ dst,
-                                 float* __restrict__ keys, float* __restrict__ values,
+                                 T* __restrict__ keys, T* __restrict__ values,
                                  int32_t* __restrict__ positions, int32_t block_size,
                                  int32_t head_dim) {
   const int64_t elems = static_cast<int64_t>(block_size) * head_dim;
@@ -21,9 +24,10 @@ __global__ void CopyBlocksKernel(const int32_t* __restrict__ src, const int32_t*
 }
 
 // One warp per move; lanes stride over head_dim.
+template <typename T>
 __global__ void MoveSlotsKernel(const int32_t* __restrict__ from_slot,
                                 const int32_t* __restrict__ to_slot, int32_t num_moves,
-                                float* __restrict__ keys, float* __restrict__ values,
+                                T* __restrict__ keys, T* __restrict__ values,
                                 int32_t* __restrict__ positions, int32_t head_dim) {
   const int32_t move = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int32_t lane = threadIdx.x % 32;
@@ -38,26 +42,37 @@ __global__ void MoveSlotsKernel(const int32_t* __restrict__ from_slot,
 
 }  // namespace
 
-cudaError_t CopyBlocks(const int32_t* src, const int32_t* dst, int32_t num_copies, float* keys,
-                       float* values, int32_t* positions, int32_t block_size, int32_t head_dim,
-                       cudaStream_t stream) {
-  if (num_copies < 0 || block_size < 1 || head_dim < 1) return cudaErrorInvalidValue;
+cudaError_t CopyBlocks(const int32_t* src, const int32_t* dst, int32_t num_copies, void* keys,
+                       void* values, KvDtype dtype, int32_t* positions, int32_t block_size,
+                       int32_t head_dim, cudaStream_t stream) {
+  if (num_copies < 0 || block_size < 1 || head_dim < 1 || !ValidKvDtype(dtype)) {
+    return cudaErrorInvalidValue;
+  }
   if (num_copies == 0) return cudaSuccess;
-  CopyBlocksKernel<<<num_copies, 256, 0, stream>>>(src, dst, keys, values, positions, block_size,
-                                                   head_dim);
-  return cudaGetLastError();
+  // DISPATCH: element size -> template argument.
+  return DispatchKvBits(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    CopyBlocksKernel<T><<<num_copies, 256, 0, stream>>>(
+        src, dst, static_cast<T*>(keys), static_cast<T*>(values), positions, block_size, head_dim);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t MoveSlots(const int32_t* from_slot, const int32_t* to_slot, int32_t num_moves,
-                      float* keys, float* values, int32_t* positions, int32_t head_dim,
+                      void* keys, void* values, KvDtype dtype, int32_t* positions, int32_t head_dim,
                       cudaStream_t stream) {
-  if (num_moves < 0 || head_dim < 1) return cudaErrorInvalidValue;
+  if (num_moves < 0 || head_dim < 1 || !ValidKvDtype(dtype)) return cudaErrorInvalidValue;
   if (num_moves == 0) return cudaSuccess;
   constexpr int kWarpsPerBlock = 8;
   const int grid = (num_moves + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  MoveSlotsKernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(from_slot, to_slot, num_moves, keys,
-                                                            values, positions, head_dim);
-  return cudaGetLastError();
+  // DISPATCH: element size -> template argument.
+  return DispatchKvBits(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    MoveSlotsKernel<T><<<grid, kWarpsPerBlock * 32, 0, stream>>>(
+        from_slot, to_slot, num_moves, static_cast<T*>(keys), static_cast<T*>(values), positions,
+        head_dim);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace beaconkv::kernels

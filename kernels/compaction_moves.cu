@@ -2,6 +2,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/compaction_moves.h"
+#include "kernels/kv_dtype_device.cuh"
 
 namespace beaconkv::kernels {
 namespace {
@@ -74,13 +75,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One thread block per segment; warps take its moves, lanes stride over head_dim.
+// One thread block per segment; warps take its moves, lanes stride over head_dim (T: an
+// unsigned type of the element's size).
+template <typename T>
 __global__ void ApplyMovesKernel(const int32_t* __restrict__ offsets,    // [num_segments + 1]
                                  const int32_t* __restrict__ from_slot,  // [num_items]
                                  const int32_t* __restrict__ to_slot,    // [num_items]
                                  const int32_t* __restrict__ num_moves,  // [num_segments]
-                                 float* __restrict__ keys,         // [num_blocks, bs, head_dim]
-                                 float* __restrict__ values,       // [num_blocks, bs, head_dim]
+                                 T* __restrict__ keys,             // [num_blocks, bs, head_dim]
+                                 T* __restrict__ values,           // [num_blocks, bs, head_dim]
                                  int32_t* __restrict__ positions,  // [num_blocks, bs]
                                  int32_t head_dim) {
   const int32_t begin = offsets[blockIdx.x], moves = num_moves[blockIdx.x];
@@ -112,13 +115,18 @@ cudaError_t CompactionMoves(const int32_t* offsets, const uint8_t* keep,
 
 cudaError_t ApplyCompactionMoves(const int32_t* offsets, const int32_t* from_slot,
                                  const int32_t* to_slot, const int32_t* num_moves,
-                                 int32_t num_segments, float* keys, float* values,
+                                 int32_t num_segments, void* keys, void* values, KvDtype dtype,
                                  int32_t* positions, int32_t head_dim, cudaStream_t stream) {
-  if (num_segments < 0 || head_dim < 1) return cudaErrorInvalidValue;
+  if (num_segments < 0 || head_dim < 1 || !ValidKvDtype(dtype)) return cudaErrorInvalidValue;
   if (num_segments == 0) return cudaSuccess;
-  ApplyMovesKernel<<<num_segments, 128, 0, stream>>>(offsets, from_slot, to_slot, num_moves, keys,
-                                                     values, positions, head_dim);
-  return cudaGetLastError();
+  // DISPATCH: element size -> template argument.
+  return DispatchKvBits(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    ApplyMovesKernel<T><<<num_segments, 128, 0, stream>>>(
+        offsets, from_slot, to_slot, num_moves, static_cast<T*>(keys), static_cast<T*>(values),
+        positions, head_dim);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace beaconkv::kernels

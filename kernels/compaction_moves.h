@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/compaction_moves_cpu.h"
+#include "kernels/kv_dtype.h"
 
 namespace beaconkv::kernels {
 
@@ -25,8 +26,9 @@ cudaError_t ApplyCompactionMoves(const int32_t* offsets,    // [num_segments + 1
                                  const int32_t* to_slot,    // [num_items]
                                  const int32_t* num_moves,  // [num_segments]
                                  int32_t num_segments,
-                                 float* keys,         // [num_blocks, block_size, head_dim]
-                                 float* values,       // [num_blocks, block_size, head_dim]
+                                 void* keys,    // [num_blocks, block_size, head_dim] of dtype
+                                 void* values,  // [num_blocks, block_size, head_dim] of dtype
+                                 KvDtype dtype,
                                  int32_t* positions,  // [num_blocks, block_size]
                                  int32_t head_dim, cudaStream_t stream);
 

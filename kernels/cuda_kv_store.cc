@@ -1,5 +1,8 @@
 #include "kernels/cuda_kv_store.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -19,17 +22,65 @@ void CudaCheck(cudaError_t e, const char* what) {
 
 }  // namespace
 
-CudaKvStore::CudaKvStore(float* keys, float* values, int32_t* positions, int32_t num_blocks,
-                         int32_t block_size, int32_t head_dim, cudaStream_t stream)
+CudaKvStore::CudaKvStore(void* keys, void* values, int32_t* positions, int32_t num_blocks,
+                         int32_t block_size, int32_t head_dim, KvDtype dtype, cudaStream_t stream)
     : keys_(keys),
       values_(values),
       positions_(positions),
       num_blocks_(num_blocks),
       block_size_(block_size),
       head_dim_(head_dim),
+      dtype_(dtype),
+      elem_bytes_(KvDtypeBytes(dtype)),
       stream_(stream) {
   BKV_CHECK(keys != nullptr && values != nullptr && positions != nullptr);
   BKV_CHECK(num_blocks >= 1 && block_size >= 1 && head_dim >= 1);
+  BKV_CHECK(ValidKvDtype(dtype));
+}
+
+void CudaKvStore::ToHostFloats(const void* src, int64_t elems, float* dst, const char* what) {
+  if (dtype_ == KvDtype::kFloat32) {
+    CudaCheck(cudaMemcpyAsync(dst, src, elems * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+              what);
+    return;
+  }
+  bits_.resize(elems);
+  CudaCheck(
+      cudaMemcpyAsync(bits_.data(), src, elems * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream_),
+      what);
+  CudaCheck(cudaStreamSynchronize(stream_), what);
+  for (int64_t i = 0; i < elems; ++i) {
+    if (dtype_ == KvDtype::kBFloat16) {
+      __nv_bfloat16_raw raw;
+      raw.x = bits_[i];
+      dst[i] = __bfloat162float(__nv_bfloat16(raw));
+    } else {
+      __half_raw raw;
+      raw.x = bits_[i];
+      dst[i] = __half2float(__half(raw));
+    }
+  }
+}
+
+void CudaKvStore::FromHostFloats(const float* src, int64_t elems, void* dst, const char* what) {
+  if (dtype_ == KvDtype::kFloat32) {
+    CudaCheck(cudaMemcpyAsync(dst, src, elems * sizeof(float), cudaMemcpyHostToDevice, stream_),
+              what);
+    return;
+  }
+  bits_.resize(elems);
+  for (int64_t i = 0; i < elems; ++i) {
+    if (dtype_ == KvDtype::kBFloat16) {
+      bits_[i] = static_cast<__nv_bfloat16_raw>(__float2bfloat16_rn(src[i])).x;
+    } else {
+      bits_[i] = static_cast<__half_raw>(__float2half_rn(src[i])).x;
+    }
+  }
+  CudaCheck(
+      cudaMemcpyAsync(dst, bits_.data(), elems * sizeof(uint16_t), cudaMemcpyHostToDevice, stream_),
+      what);
+  // bits_ is reused by the next call: the copy must be done with it.
+  CudaCheck(cudaStreamSynchronize(stream_), what);
 }
 
 CudaKvStore::~CudaKvStore() {
@@ -80,8 +131,8 @@ void CudaKvStore::CopyBlocks(absl::Span<const BlockCopy> copies) {
     dst.push_back(c.dst);
   }
   RunIndexed(src, dst, "CopyBlocks", [&](const int32_t* ds, const int32_t* dd, int32_t n) {
-    return kernels::CopyBlocks(ds, dd, n, keys_, values_, positions_, block_size_, head_dim_,
-                               stream_);
+    return kernels::CopyBlocks(ds, dd, n, keys_, values_, dtype_, positions_, block_size_,
+                               head_dim_, stream_);
   });
 }
 
@@ -97,7 +148,7 @@ void CudaKvStore::MoveSlots(absl::Span<const SlotMove> moves) {
     to.push_back(static_cast<int32_t>(Slot(m.to)));
   }
   RunIndexed(from, to, "MoveSlots", [&](const int32_t* df, const int32_t* dt, int32_t n) {
-    return kernels::MoveSlots(df, dt, n, keys_, values_, positions_, head_dim_, stream_);
+    return kernels::MoveSlots(df, dt, n, keys_, values_, dtype_, positions_, head_dim_, stream_);
   });
 }
 
@@ -117,12 +168,8 @@ void CudaKvStore::SwapOut(absl::Span<const BlockCopy> copies, CpuKvStore& host) 
     CheckBlock(c.src);
     BKV_CHECK(c.dst >= 0 && c.dst < host.num_blocks());
     // A block's slots are contiguous in both stores: [block_size, head_dim].
-    CudaCheck(cudaMemcpyAsync(host.key({c.dst, 0}), keys_ + c.src * elems, elems * sizeof(float),
-                              cudaMemcpyDeviceToHost, stream_),
-              "SwapOut (keys)");
-    CudaCheck(cudaMemcpyAsync(host.value({c.dst, 0}), values_ + c.src * elems,
-                              elems * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-              "SwapOut (values)");
+    ToHostFloats(KeyBytes(c.src), elems, host.key({c.dst, 0}), "SwapOut (keys)");
+    ToHostFloats(ValueBytes(c.src), elems, host.value({c.dst, 0}), "SwapOut (values)");
     CudaCheck(cudaMemcpyAsync(pos.data(), positions_ + int64_t{c.src} * block_size_,
                               block_size_ * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
               "SwapOut (positions)");
@@ -139,12 +186,8 @@ void CudaKvStore::SwapIn(absl::Span<const BlockCopy> copies, const CpuKvStore& h
     BKV_CHECK(c.src >= 0 && c.src < host.num_blocks());
     CheckBlock(c.dst);
     for (int32_t o = 0; o < block_size_; ++o) pos[o] = host.position({c.src, o});
-    CudaCheck(cudaMemcpyAsync(keys_ + c.dst * elems, host.key({c.src, 0}), elems * sizeof(float),
-                              cudaMemcpyHostToDevice, stream_),
-              "SwapIn (keys)");
-    CudaCheck(cudaMemcpyAsync(values_ + c.dst * elems, host.value({c.src, 0}),
-                              elems * sizeof(float), cudaMemcpyHostToDevice, stream_),
-              "SwapIn (values)");
+    FromHostFloats(host.key({c.src, 0}), elems, KeyBytes(c.dst), "SwapIn (keys)");
+    FromHostFloats(host.value({c.src, 0}), elems, ValueBytes(c.dst), "SwapIn (values)");
     CudaCheck(cudaMemcpyAsync(positions_ + int64_t{c.dst} * block_size_, pos.data(),
                               block_size_ * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
               "SwapIn (positions)");

@@ -332,8 +332,8 @@ void BenchCompression(Results& res, int32_t num_sms) {
                            nullptr));
   });
   const double score_ms = TimeMs(3, [&] {
-    BENCH_CHECK(PagedAttentionScores(c.k, c.tables, c.lengths, d_table_of_head, queries,
-                                     d_query_offsets, d_score_offsets, nullptr, ss, scores,
+    BENCH_CHECK(PagedAttentionScores(c.k, KvDtype::kFloat32, c.tables, c.lengths, d_table_of_head,
+                                     queries, d_query_offsets, d_score_offsets, nullptr, ss, scores,
                                      nullptr));
   });
   // Top-k over the scores just computed.
@@ -372,7 +372,7 @@ void BenchCompression(Results& res, int32_t num_sms) {
   });
   const double apply_ms = TimeMs(5, [&] {
     BENCH_CHECK(ApplyCompactionMoves(d_score_offsets, from, to, num_moves, heads, c.k, c.v,
-                                     c.positions, kHeadDim, nullptr));
+                                     KvDtype::kFloat32, c.positions, kHeadDim, nullptr));
   });
   std::vector<int32_t> moves_host(heads), lengths_host(heads);
   BENCH_CHECK(

@@ -86,8 +86,8 @@ absl::Status GpuScorer::Score(const ScoringShape& shape, absl::Span<const Scorin
   if (e != cudaSuccess) return CudaError(e, "cudaMalloc");
 
   if ((e = PagedAttentionScores(
-           store_->keys(), tables, lengths, table_of_head, queries, query_offsets, offsets,
-           internal_scorer::ExcludedKeys(shape, protect), ks.scores, scores, stream_)) !=
+           store_->keys(), store_->dtype(), tables, lengths, table_of_head, queries, query_offsets,
+           offsets, internal_scorer::ExcludedKeys(shape, protect), ks.scores, scores, stream_)) !=
       cudaSuccess) {
     return e == cudaErrorInvalidValue
                ? absl::InvalidArgumentError(absl::StrFormat(

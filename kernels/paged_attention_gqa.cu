@@ -299,7 +299,7 @@ cudaError_t PagedDecodeAttentionGqa(void* workspace, size_t* workspace_bytes, co
   }
   const int group = s.num_heads / s.num_kv_heads;
   if (group != 1 && group != 2 && group != 4 && group != 8) return cudaErrorInvalidValue;
-  if (dtype != KvDtype::kFloat32 && dtype != KvDtype::kBFloat16 && dtype != KvDtype::kFloat16) {
+  if (!ValidKvDtype(dtype)) {
     return cudaErrorInvalidValue;
   }
   const size_t need = WorkspaceBytes(s, num_splits, s.head_dim);

@@ -13,11 +13,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/kv_dtype.h"
 #include "kernels/paged_attention_cpu.h"
 
 namespace beaconkv::kernels {
-
-enum class KvDtype : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 // A number of splits that gives the GPU about two thread blocks per SM: 1 when rows x
 // kv_heads already fill it, at most one split per 256 tokens of max_len.

@@ -1,6 +1,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "kernels/kv_dtype_device.cuh"
 #include "kernels/paged_scores.h"
 
 namespace beaconkv::kernels {
@@ -25,24 +26,35 @@ struct Smem {
   int scored[kKeys];                         // [keys of the tile] 1 = in the softmax
 };
 
+// Four consecutive elements of the cache as floats (one 16- or 8-byte load).
+__device__ __forceinline__ float4 Load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+template <typename T>
+__device__ __forceinline__ float4 Load4(const T* p) {
+  const uint2 bits = *reinterpret_cast<const uint2*>(p);
+  const T* h = reinterpret_cast<const T*>(&bits);
+  return make_float4(ToFloat(h[0]), ToFloat(h[1]), ToFloat(h[2]), ToFloat(h[3]));
+}
+
 // Loads keys [j0, j0 + kKeys) of the head into s.k through the block table (zeros past n),
 // and which of them are scored (not past n, not excluded).
-template <int HEAD_DIM>
-__device__ void LoadKeyTile(const float* __restrict__ k_cache, const int32_t* __restrict__ table,
+template <typename T, int HEAD_DIM>
+__device__ void LoadKeyTile(const T* __restrict__ k_cache, const int32_t* __restrict__ table,
                             const uint8_t* __restrict__ excluded, int32_t block_size, int32_t j0,
                             int32_t n, Smem<HEAD_DIM>& s) {
   if (threadIdx.x < kKeys) {
     const int32_t j = j0 + threadIdx.x;
     s.scored[threadIdx.x] = j < n && (excluded == nullptr || excluded[j] == 0);
   }
-  constexpr int kVec = HEAD_DIM / 4;  // float4 per key
+  constexpr int kVec = HEAD_DIM / 4;  // loads of four elements per key
   for (int i = threadIdx.x; i < kKeys * kVec; i += kThreads) {
     const int key = i / kVec, part = i % kVec;
     const int32_t j = j0 + key;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (j < n) {
       const int64_t slot = int64_t{table[j / block_size]} * block_size + j % block_size;
-      v = reinterpret_cast<const float4*>(k_cache + slot * HEAD_DIM)[part];
+      v = Load4(k_cache + slot * HEAD_DIM + part * 4);
     }
     float* dst = &s.k[key][part * 4];
     dst[0] = v.x;
@@ -86,9 +98,9 @@ __device__ void GroupMaxLogits(int queries_here, int g, Smem<HEAD_DIM>& s) {
 // chunk, pass 1 walks the key tiles for each row's softmax max and sum, pass 2 walks them again
 // and folds the probabilities into the head's scores (kept in `scores`, each key owned by one
 // thread throughout, so no atomics). Excluded keys take no part and score shape.excluded_score.
-template <int HEAD_DIM>
+template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(kThreads)
-    PagedScoresKernel(const float* __restrict__ k_cache,          // [num_blocks, bs, head_dim]
+    PagedScoresKernel(const T* __restrict__ k_cache,              // [num_blocks, bs, head_dim]
                       const int32_t* __restrict__ block_tables,   // [num_tables, max_blocks]
                       const int32_t* __restrict__ lengths,        // [num_tables]
                       const int32_t* __restrict__ table_of_head,  // [num_heads]
@@ -135,7 +147,7 @@ __global__ void __launch_bounds__(kThreads)
     // Pass 1: per-row online max and sum of exponentials.
     for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
       __syncthreads();  // s.k and s.p free
-      LoadKeyTile<HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
+      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
       __syncthreads();
       float acc[kMicro][kMicro];
       TileLogits<HEAD_DIM>(s, scale, acc);
@@ -172,7 +184,7 @@ __global__ void __launch_bounds__(kThreads)
     // Pass 2: probabilities, reduced over the group, then over the queries into out.
     for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
       __syncthreads();  // s.k and s.p free; row_sum inverted
-      LoadKeyTile<HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
+      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
       __syncthreads();
       float acc[kMicro][kMicro];
       TileLogits<HEAD_DIM>(s, scale, acc);
@@ -220,18 +232,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int HEAD_DIM>
-cudaError_t Launch(const float* k_cache, const int32_t* block_tables, const int32_t* lengths,
+template <typename T, int HEAD_DIM>
+cudaError_t Launch(const T* k_cache, const int32_t* block_tables, const int32_t* lengths,
                    const int32_t* table_of_head, const float* queries, const int32_t* query_offsets,
                    const int32_t* score_offsets, const uint8_t* excluded,
                    const PagedScoresShape& shape, float* scores, cudaStream_t stream) {
   const size_t smem = sizeof(Smem<HEAD_DIM>);
   cudaError_t err =
-      cudaFuncSetAttribute(PagedScoresKernel<HEAD_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
+      cudaFuncSetAttribute(PagedScoresKernel<T, HEAD_DIM>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HEAD_DIM));
-  PagedScoresKernel<HEAD_DIM><<<shape.num_heads, kThreads, smem, stream>>>(
+  PagedScoresKernel<T, HEAD_DIM><<<shape.num_heads, kThreads, smem, stream>>>(
       k_cache, block_tables, lengths, table_of_head, queries, query_offsets, score_offsets,
       excluded, shape, scale, scores);
   return cudaGetLastError();
@@ -239,14 +251,14 @@ cudaError_t Launch(const float* k_cache, const int32_t* block_tables, const int3
 
 }  // namespace
 
-cudaError_t PagedAttentionScores(const float* k_cache, const int32_t* block_tables,
+cudaError_t PagedAttentionScores(const void* k_cache, KvDtype dtype, const int32_t* block_tables,
                                  const int32_t* lengths, const int32_t* table_of_head,
                                  const float* queries, const int32_t* query_offsets,
                                  const int32_t* score_offsets, const uint8_t* excluded,
                                  const PagedScoresShape& shape, float* scores,
                                  cudaStream_t stream) {
   if (shape.num_heads < 0 || shape.block_size < 1 || shape.max_blocks < 0 || shape.group_size < 1 ||
-      shape.group_size > kRows) {
+      shape.group_size > kRows || !ValidKvDtype(dtype)) {
     return cudaErrorInvalidValue;
   }
   if (shape.gqa != ScoreGqa::kMaxProbs && shape.gqa != ScoreGqa::kMeanProbs &&
@@ -257,24 +269,30 @@ cudaError_t PagedAttentionScores(const float* k_cache, const int32_t* block_tabl
       shape.query != ScoreQuery::kSum) {
     return cudaErrorInvalidValue;
   }
-  if (shape.num_heads == 0) return cudaSuccess;
-  // DISPATCH: runtime head_dim -> template argument.
-  switch (shape.head_dim) {
-    case 32:
-      return Launch<32>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
-                        score_offsets, excluded, shape, scores, stream);
-    case 64:
-      return Launch<64>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
-                        score_offsets, excluded, shape, scores, stream);
-    case 128:
-      return Launch<128>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
-                         score_offsets, excluded, shape, scores, stream);
-    case 256:
-      return Launch<256>(k_cache, block_tables, lengths, table_of_head, queries, query_offsets,
-                         score_offsets, excluded, shape, scores, stream);
-    default:
-      return cudaErrorInvalidValue;
+  if (shape.head_dim != 32 && shape.head_dim != 64 && shape.head_dim != 128 &&
+      shape.head_dim != 256) {
+    return cudaErrorInvalidValue;
   }
+  if (shape.num_heads == 0) return cudaSuccess;
+  // DISPATCH: storage type, then runtime head_dim -> template arguments.
+  return DispatchKvDtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const T* k = static_cast<const T*>(k_cache);
+    switch (shape.head_dim) {
+      case 32:
+        return Launch<T, 32>(k, block_tables, lengths, table_of_head, queries, query_offsets,
+                             score_offsets, excluded, shape, scores, stream);
+      case 64:
+        return Launch<T, 64>(k, block_tables, lengths, table_of_head, queries, query_offsets,
+                             score_offsets, excluded, shape, scores, stream);
+      case 128:
+        return Launch<T, 128>(k, block_tables, lengths, table_of_head, queries, query_offsets,
+                              score_offsets, excluded, shape, scores, stream);
+      default:
+        return Launch<T, 256>(k, block_tables, lengths, table_of_head, queries, query_offsets,
+                              score_offsets, excluded, shape, scores, stream);
+    }
+  });
 }
 
 }  // namespace beaconkv::kernels

@@ -15,7 +15,10 @@ namespace beaconkv {
 namespace {
 
 using gpu_test::HaveGpu;
+using gpu_test::Load;
+using gpu_test::Store;
 using gpu_test::ToDevice;
+using kernels::KvDtype;
 
 template <typename T>
 std::vector<T> ToHost(const T* p, size_t n) {
@@ -27,24 +30,29 @@ std::vector<T> ToHost(const T* p, size_t n) {
 struct Shape {
   int block_size, head_dim;
 };
-class CacheOpsGpuTest : public ::testing::TestWithParam<Shape> {};
+class CacheOpsGpuTest : public ::testing::TestWithParam<std::tuple<Shape, KvDtype>> {};
 
+// 16-bit caches hold values the CPU store holds exactly (rounded before), so the moved bits
+// read back as the CPU store's floats.
 TEST_P(CacheOpsGpuTest, MoveSlotsAndCopyBlocksMatchTheCpuStore) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  const auto [bs, d] = GetParam();
+  const auto [shape, dtype] = GetParam();
+  const auto [bs, d] = shape;
   const int num_blocks = 37;
   CpuKvStore cpu(num_blocks, bs, d);
-  std::mt19937 rng(bs * 1000 + d);
+  std::mt19937 rng(bs * 1000 + d + 31 * static_cast<int>(dtype));
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> k(num_blocks * bs * d), v(k.size());
+  for (float& x : k) x = u(rng);
+  for (float& x : v) x = u(rng);
+  const std::vector<uint8_t> k_bytes = Store(k, dtype), v_bytes = Store(v, dtype);
   std::vector<int32_t> pos(num_blocks * bs);
   for (int b = 0; b < num_blocks; ++b)
     for (int s = 0; s < bs; ++s) {
       const SlotRef slot{b, s};
-      for (int i = 0; i < d; ++i) cpu.key(slot)[i] = u(rng), cpu.value(slot)[i] = u(rng);
+      std::copy_n(k.begin() + (b * bs + s) * d, d, cpu.key(slot));
+      std::copy_n(v.begin() + (b * bs + s) * d, d, cpu.value(slot));
       cpu.SetPosition(slot, static_cast<int32_t>(rng() % 100000));
-      std::copy_n(cpu.key(slot), d, k.begin() + (b * bs + s) * d);
-      std::copy_n(cpu.value(slot), d, v.begin() + (b * bs + s) * d);
       pos[b * bs + s] = cpu.position(slot);
     }
   // Disjoint sources and destinations, as a compaction plan guarantees.
@@ -61,15 +69,16 @@ TEST_P(CacheOpsGpuTest, MoveSlotsAndCopyBlocksMatchTheCpuStore) {
   std::vector<int32_t> csrc, cdst;
   for (auto c : copies) csrc.push_back(c.src), cdst.push_back(c.dst);
 
-  float *dk = ToDevice(k), *dv = ToDevice(v);
+  uint8_t *dk = ToDevice(k_bytes), *dv = ToDevice(v_bytes);
   int32_t *dp = ToDevice(pos), *dfrom = ToDevice(from), *dto = ToDevice(to);
   int32_t *dsrc = ToDevice(csrc), *ddst = ToDevice(cdst);
-  ASSERT_EQ(kernels::MoveSlots(dfrom, dto, moves, dk, dv, dp, d, nullptr), cudaSuccess);
-  ASSERT_EQ(kernels::CopyBlocks(dsrc, ddst, 3, dk, dv, dp, bs, d, nullptr), cudaSuccess);
+  ASSERT_EQ(kernels::MoveSlots(dfrom, dto, moves, dk, dv, dtype, dp, d, nullptr), cudaSuccess);
+  ASSERT_EQ(kernels::CopyBlocks(dsrc, ddst, 3, dk, dv, dtype, dp, bs, d, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cpu.MoveSlots(cpu_moves);
   cpu.CopyBlocks(copies);
-  const auto gk = ToHost(dk, k.size()), gv = ToHost(dv, v.size());
+  const auto gk = Load(ToHost(dk, k_bytes.size()), dtype);
+  const auto gv = Load(ToHost(dv, v_bytes.size()), dtype);
   const auto gp = ToHost(dp, pos.size());
   for (int b = 0; b < num_blocks; ++b)
     for (int s = 0; s < bs; ++s) {
@@ -86,8 +95,20 @@ TEST_P(CacheOpsGpuTest, MoveSlotsAndCopyBlocksMatchTheCpuStore) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CacheOpsGpuTest,
-                         ::testing::Values(Shape{1, 64}, Shape{8, 128}, Shape{16, 64},
-                                           Shape{16, 128}, Shape{3, 17}));
+                         ::testing::Combine(::testing::Values(Shape{1, 64}, Shape{8, 128},
+                                                              Shape{16, 64}, Shape{16, 128},
+                                                              Shape{3, 17}),
+                                            ::testing::Values(KvDtype::kFloat32, KvDtype::kBFloat16,
+                                                              KvDtype::kFloat16)));
+
+TEST(CacheOpsArgsTest, AnUnknownStorageTypeIsAnError) {
+  const KvDtype bad = static_cast<KvDtype>(5);
+  EXPECT_EQ(kernels::MoveSlots(nullptr, nullptr, 1, nullptr, nullptr, bad, nullptr, 64, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      kernels::CopyBlocks(nullptr, nullptr, 1, nullptr, nullptr, bad, nullptr, 16, 64, nullptr),
+      cudaErrorInvalidValue);
+}
 
 }  // namespace
 }  // namespace beaconkv

@@ -19,6 +19,8 @@ namespace {
 
 using gpu_test::DeviceBuffer;
 using gpu_test::HaveGpu;
+using gpu_test::Load;
+using gpu_test::Store;
 using gpu_test::ToHost;
 
 // (block_size, head_dim)
@@ -103,12 +105,12 @@ TEST_P(CompactionMovesGpuTest, MovesAndTheirEffectMatchTheCpu) {
     }
   }
 
-  // Applying them: the device store against CpuKvStore given the same moves.
-  CpuKvStore cpu(total_blocks, bs, d);
+  // Applying them: the device store against CpuKvStore given the same moves, for every
+  // storage type (16-bit caches hold values rounded before, which the CPU store holds too).
   std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> k(int64_t{total_blocks} * bs * d), v(k.size());
+  std::vector<float> k0(int64_t{total_blocks} * bs * d), v0(k0.size());
   std::vector<int32_t> pos(int64_t{total_blocks} * bs);
-  for (size_t i = 0; i < k.size(); ++i) k[i] = u(rng), v[i] = u(rng);
+  for (size_t i = 0; i < k0.size(); ++i) k0[i] = u(rng), v0[i] = u(rng);
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i * 3 + 1);
   std::vector<SlotMove> slot_moves;
   for (int32_t seg = 0; seg < s.num_segments; ++seg) {
@@ -117,28 +119,34 @@ TEST_P(CompactionMovesGpuTest, MovesAndTheirEffectMatchTheCpu) {
       slot_moves.push_back({{f / bs, f % bs}, {t / bs, t % bs}});
     }
   }
-  for (int32_t b = 0; b < total_blocks; ++b) {
-    for (int32_t o = 0; o < bs; ++o) {
-      const int64_t slot = int64_t{b} * bs + o;
-      std::copy_n(k.data() + slot * d, d, cpu.key({b, o}));
-      std::copy_n(v.data() + slot * d, d, cpu.value({b, o}));
-      cpu.SetPosition({b, o}, pos[slot]);
+  for (KvDtype dtype : {KvDtype::kFloat32, KvDtype::kBFloat16, KvDtype::kFloat16}) {
+    SCOPED_TRACE(KvDtypeName(dtype));
+    std::vector<float> k = k0, v = v0;
+    const std::vector<uint8_t> k_bytes = Store(k, dtype), v_bytes = Store(v, dtype);
+    CpuKvStore cpu(total_blocks, bs, d);
+    for (int32_t b = 0; b < total_blocks; ++b) {
+      for (int32_t o = 0; o < bs; ++o) {
+        const int64_t slot = int64_t{b} * bs + o;
+        std::copy_n(k.data() + slot * d, d, cpu.key({b, o}));
+        std::copy_n(v.data() + slot * d, d, cpu.value({b, o}));
+        cpu.SetPosition({b, o}, pos[slot]);
+      }
     }
+    cpu.MoveSlots(slot_moves);
+    DeviceBuffer dk(k_bytes), dv(v_bytes), dpos(pos);
+    ASSERT_EQ(ApplyCompactionMoves(doff.as<int32_t>(), dfrom.as<int32_t>(), dto.as<int32_t>(),
+                                   dmoves.as<int32_t>(), s.num_segments, dk.as<void>(),
+                                   dv.as<void>(), dtype, dpos.as<int32_t>(), d, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got_k = Load(ToHost(dk.as<uint8_t>(), k_bytes.size()), dtype);
+    const std::vector<float> got_v = Load(ToHost(dv.as<uint8_t>(), v_bytes.size()), dtype);
+    const std::vector<int32_t> got_pos = ToHost(dpos.as<int32_t>(), pos.size());
+    EXPECT_TRUE(std::equal(got_k.begin(), got_k.end(), cpu.keys_data()));
+    EXPECT_TRUE(std::equal(got_v.begin(), got_v.end(), cpu.values_data()));
+    for (int32_t b = 0; b < total_blocks; ++b)
+      for (int32_t o = 0; o < bs; ++o) ASSERT_EQ(got_pos[b * bs + o], cpu.position({b, o}));
   }
-  cpu.MoveSlots(slot_moves);
-  DeviceBuffer dk(k), dv(v), dpos(pos);
-  ASSERT_EQ(ApplyCompactionMoves(doff.as<int32_t>(), dfrom.as<int32_t>(), dto.as<int32_t>(),
-                                 dmoves.as<int32_t>(), s.num_segments, dk.as<float>(),
-                                 dv.as<float>(), dpos.as<int32_t>(), d, nullptr),
-            cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> got_k = ToHost(dk.as<float>(), k.size());
-  const std::vector<float> got_v = ToHost(dv.as<float>(), v.size());
-  const std::vector<int32_t> got_pos = ToHost(dpos.as<int32_t>(), pos.size());
-  EXPECT_TRUE(std::equal(got_k.begin(), got_k.end(), cpu.keys_data()));
-  EXPECT_TRUE(std::equal(got_v.begin(), got_v.end(), cpu.values_data()));
-  for (int32_t b = 0; b < total_blocks; ++b)
-    for (int32_t o = 0; o < bs; ++o) ASSERT_EQ(got_pos[b * bs + o], cpu.position({b, o}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CompactionMovesGpuTest,
@@ -150,8 +158,11 @@ TEST(CompactionMovesArgsTest, BadShapesAreErrors) {
   EXPECT_EQ(CompactionMoves(nullptr, nullptr, nullptr, nullptr, s, nullptr, nullptr, nullptr,
                             nullptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(ApplyCompactionMoves(nullptr, nullptr, nullptr, nullptr, 1, nullptr, nullptr, nullptr,
-                                 0, nullptr),
+  EXPECT_EQ(ApplyCompactionMoves(nullptr, nullptr, nullptr, nullptr, 1, nullptr, nullptr,
+                                 KvDtype::kFloat32, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(ApplyCompactionMoves(nullptr, nullptr, nullptr, nullptr, 1, nullptr, nullptr,
+                                 static_cast<KvDtype>(4), nullptr, 64, nullptr),
             cudaErrorInvalidValue);
 }
 

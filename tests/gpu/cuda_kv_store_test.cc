@@ -17,6 +17,8 @@ namespace {
 
 using gpu_test::DeviceBuffer;
 using gpu_test::HaveGpu;
+using gpu_test::Load;
+using gpu_test::Store;
 using gpu_test::ToHost;
 
 constexpr int32_t kBlocks = 12;
@@ -33,7 +35,10 @@ std::vector<int32_t> PositionsOf(const CpuKvStore& s) {
 
 void ExpectSame(const CudaKvStore& dev, const CpuKvStore& ref, const char* after) {
   const size_t elems = static_cast<size_t>(kBlocks) * ref.block_size() * ref.head_dim();
-  const std::vector<float> k = ToHost(dev.keys(), elems), v = ToHost(dev.values(), elems);
+  const size_t bytes = elems * KvDtypeBytes(dev.dtype());
+  const std::vector<float> k = Load(ToHost(static_cast<uint8_t*>(dev.keys()), bytes), dev.dtype());
+  const std::vector<float> v =
+      Load(ToHost(static_cast<uint8_t*>(dev.values()), bytes), dev.dtype());
   EXPECT_EQ(k, std::vector<float>(ref.keys_data(), ref.keys_data() + elems)) << after;
   EXPECT_EQ(v, std::vector<float>(ref.values_data(), ref.values_data() + elems)) << after;
   EXPECT_EQ(ToHost(dev.positions(), static_cast<size_t>(kBlocks) * ref.block_size()),
@@ -41,29 +46,29 @@ void ExpectSame(const CudaKvStore& dev, const CpuKvStore& ref, const char* after
       << after;
 }
 
-// (block_size, head_dim)
-class CudaKvStoreTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+// (block_size, head_dim, storage)
+class CudaKvStoreTest : public ::testing::TestWithParam<std::tuple<int, int, KvDtype>> {};
 
+// 16-bit stores start from values the storage type represents exactly, so every operation,
+// swaps included (float32 on the host), must give the CPU store's values bit for bit.
 TEST_P(CudaKvStoreTest, EveryOperationMatchesTheCpuStore) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  const auto [bs, d] = GetParam();
-  std::mt19937 rng(bs * 31 + d);
+  const auto [bs, d, dtype] = GetParam();
+  std::mt19937 rng(bs * 31 + d + 7 * static_cast<int>(dtype));
   std::uniform_real_distribution<float> u(-1, 1);
-  CpuKvStore ref(kBlocks, bs, d);
-  for (int32_t b = 0; b < kBlocks; ++b) {
-    for (int32_t o = 0; o < bs; ++o) {
-      for (int32_t e = 0; e < d; ++e) {
-        ref.key({b, o})[e] = u(rng);
-        ref.value({b, o})[e] = u(rng);
-      }
-      ref.SetPosition({b, o}, b * 1000 + o);
-    }
-  }
   const size_t elems = static_cast<size_t>(kBlocks) * bs * d;
-  DeviceBuffer dk(std::vector<float>(ref.keys_data(), ref.keys_data() + elems));
-  DeviceBuffer dv(std::vector<float>(ref.values_data(), ref.values_data() + elems));
-  DeviceBuffer dp(PositionsOf(ref));
-  CudaKvStore dev(dk.as<float>(), dv.as<float>(), dp.as<int32_t>(), kBlocks, bs, d);
+  std::vector<float> keys(elems), values(elems);
+  for (float& x : keys) x = u(rng);
+  for (float& x : values) x = u(rng);
+  const std::vector<uint8_t> key_bytes = Store(keys, dtype), value_bytes = Store(values, dtype);
+  CpuKvStore ref(kBlocks, bs, d);
+  std::copy(keys.begin(), keys.end(), ref.key({0, 0}));  // slots are contiguous
+  std::copy(values.begin(), values.end(), ref.value({0, 0}));
+  for (int32_t b = 0; b < kBlocks; ++b) {
+    for (int32_t o = 0; o < bs; ++o) ref.SetPosition({b, o}, b * 1000 + o);
+  }
+  DeviceBuffer dk(key_bytes), dv(value_bytes), dp(PositionsOf(ref));
+  CudaKvStore dev(dk.as<void>(), dv.as<void>(), dp.as<int32_t>(), kBlocks, bs, d, dtype);
   ExpectSame(dev, ref, "upload");
 
   const std::vector<BlockCopy> copies = {{1, 5}, {2, 7}, {0, 11}};
@@ -91,8 +96,8 @@ TEST_P(CudaKvStoreTest, EveryOperationMatchesTheCpuStore) {
   ref.SwapOut(out, host_ref);
   dev.SwapOut(out, host_dev);
   const size_t host_elems = static_cast<size_t>(4) * bs * d;
-  EXPECT_TRUE(std::equal(host_dev.keys_data(), host_dev.keys_data() + host_elems,
-                         host_ref.keys_data()));
+  EXPECT_TRUE(
+      std::equal(host_dev.keys_data(), host_dev.keys_data() + host_elems, host_ref.keys_data()));
   EXPECT_TRUE(std::equal(host_dev.values_data(), host_dev.values_data() + host_elems,
                          host_ref.values_data()));
   EXPECT_EQ(PositionsOf(host_dev), PositionsOf(host_ref));
@@ -103,8 +108,9 @@ TEST_P(CudaKvStoreTest, EveryOperationMatchesTheCpuStore) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaKvStoreTest,
-                         ::testing::Combine(::testing::Values(1, 8, 16),
-                                            ::testing::Values(64, 128)));
+                         ::testing::Combine(::testing::Values(1, 8, 16), ::testing::Values(64, 128),
+                                            ::testing::Values(KvDtype::kFloat32, KvDtype::kBFloat16,
+                                                              KvDtype::kFloat16)));
 
 }  // namespace
 }  // namespace beaconkv::kernels

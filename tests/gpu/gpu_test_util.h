@@ -1,12 +1,20 @@
 // Helpers shared by the GPU tests.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
+#include "kernels/kv_dtype.h"
+
 namespace beaconkv::gpu_test {
+
+using kernels::KvDtype;
 
 inline bool HaveGpu() {
   int n = 0;
@@ -27,6 +35,53 @@ std::vector<T> ToHost(const T* p, size_t n) {
   std::vector<T> v(n);
   EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
   return v;
+}
+
+// Rounds x to the storage type in place (nearest even); returns the stored bytes.
+inline std::vector<uint8_t> Store(std::vector<float>& x, KvDtype dtype) {
+  std::vector<uint8_t> bytes;
+  auto put = [&](const void* p, size_t n) {
+    const uint8_t* b = static_cast<const uint8_t*>(p);
+    bytes.insert(bytes.end(), b, b + n);
+  };
+  for (float& v : x) {
+    if (dtype == KvDtype::kFloat32) {
+      put(&v, 4);
+    } else if (dtype == KvDtype::kBFloat16) {
+      const __nv_bfloat16 h = __float2bfloat16_rn(v);
+      v = __bfloat162float(h);
+      put(&h, 2);
+    } else {
+      const __half h = __float2half_rn(v);
+      v = __half2float(h);
+      put(&h, 2);
+    }
+  }
+  return bytes;
+}
+
+// Stored bytes back to floats.
+inline std::vector<float> Load(const std::vector<uint8_t>& bytes, KvDtype dtype) {
+  const size_t n = bytes.size() / kernels::KvDtypeBytes(dtype);
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (dtype == KvDtype::kFloat32) {
+      std::memcpy(&x[i], &bytes[i * 4], 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, &bytes[i * 2], 2);
+      if (dtype == KvDtype::kBFloat16) {
+        __nv_bfloat16_raw raw;
+        raw.x = bits;
+        x[i] = __bfloat162float(__nv_bfloat16(raw));
+      } else {
+        __half_raw raw;
+        raw.x = bits;
+        x[i] = __half2float(__half(raw));
+      }
+    }
+  }
+  return x;
 }
 
 // Device memory freed at scope exit.

@@ -22,30 +22,8 @@ namespace {
 
 using gpu_test::DeviceBuffer;
 using gpu_test::HaveGpu;
+using gpu_test::Store;
 using gpu_test::ToHost;
-
-// Rounds x to the storage type in place; returns the stored bytes.
-std::vector<uint8_t> Store(std::vector<float>& x, KvDtype dtype) {
-  std::vector<uint8_t> bytes;
-  auto put = [&](const void* p, size_t n) {
-    const uint8_t* b = static_cast<const uint8_t*>(p);
-    bytes.insert(bytes.end(), b, b + n);
-  };
-  for (float& v : x) {
-    if (dtype == KvDtype::kFloat32) {
-      put(&v, 4);
-    } else if (dtype == KvDtype::kBFloat16) {
-      const __nv_bfloat16 h = __float2bfloat16_rn(v);
-      v = __bfloat162float(h);
-      put(&h, 2);
-    } else {
-      const __half h = __float2half_rn(v);
-      v = __half2float(h);
-      put(&h, 2);
-    }
-  }
-  return bytes;
-}
 
 // (head_dim, block_size, group, dtype, splits)
 using Param = std::tuple<int, int, int, KvDtype, int>;
@@ -105,8 +83,8 @@ TEST_P(PagedAttentionGqaGpuTest, MatchesTheCpuTwin) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionGqaGpuTest,
-                         ::testing::Combine(::testing::Values(32, 64, 128), ::testing::Values(1, 8, 16),
-                                            ::testing::Values(1, 4, 8),
+                         ::testing::Combine(::testing::Values(32, 64, 128),
+                                            ::testing::Values(1, 8, 16), ::testing::Values(1, 4, 8),
                                             ::testing::Values(KvDtype::kFloat32, KvDtype::kBFloat16,
                                                               KvDtype::kFloat16),
                                             ::testing::Values(1, 3)));

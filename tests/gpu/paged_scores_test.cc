@@ -19,17 +19,19 @@ namespace {
 
 using gpu_test::DeviceBuffer;
 using gpu_test::HaveGpu;
+using gpu_test::Store;
 using gpu_test::ToHost;
 
-// (head_dim, block_size, group_size, gqa, query, with excluded keys)
-using Param = std::tuple<int, int, int, ScoreGqa, ScoreQuery, bool>;
+// (head_dim, block_size, group_size, gqa, query, with excluded keys, key storage)
+using Param = std::tuple<int, int, int, ScoreGqa, ScoreQuery, bool, KvDtype>;
 class PagedScoresGpuTest : public ::testing::TestWithParam<Param> {};
 
 TEST_P(PagedScoresGpuTest, MatchesTheCpuTwin) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  const auto [d, bs, group, gqa, query, exclude] = GetParam();
+  const auto [d, bs, group, gqa, query, exclude, dtype] = GetParam();
   const uint32_t seed = d * 1009 + bs * 101 + group * 7 + static_cast<int>(gqa) * 3 +
-                        static_cast<int>(query) + (exclude ? 50021 : 0);
+                        static_cast<int>(query) + (exclude ? 50021 : 0) +
+                        static_cast<int>(dtype) * 70001;
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -58,6 +60,7 @@ TEST_P(PagedScoresGpuTest, MatchesTheCpuTwin) {
   // Keys scaled so that softmaxes are peaked for some rows and flat for others.
   std::vector<float> k(int64_t{total_blocks} * bs * d);
   for (float& x : k) x = 2.0f * nd(rng);
+  const std::vector<uint8_t> k_bytes = Store(k, dtype);  // the twin reads the stored values
   std::vector<int32_t> query_offsets = {0}, score_offsets = {0};
   for (size_t h = 0; h < table_of_head.size(); ++h) {
     query_offsets.push_back(query_offsets.back() + num_queries[h]);
@@ -79,12 +82,12 @@ TEST_P(PagedScoresGpuTest, MatchesTheCpuTwin) {
                           query_offsets.data(), score_offsets.data(), host_excluded, s,
                           want.data());
 
-  DeviceBuffer dk(k), dt(tables), dl(lengths), dh(table_of_head), dq(q), dqo(query_offsets),
+  DeviceBuffer dk(k_bytes), dt(tables), dl(lengths), dh(table_of_head), dq(q), dqo(query_offsets),
       dso(score_offsets), dx(excluded), dout(want.size() * sizeof(float));
   ASSERT_EQ(cudaMemset(dout.as<float>(), 0xff, want.size() * sizeof(float)), cudaSuccess);
   ASSERT_EQ(
-      PagedAttentionScores(dk.as<float>(), dt.as<int32_t>(), dl.as<int32_t>(), dh.as<int32_t>(),
-                           dq.as<float>(), dqo.as<int32_t>(), dso.as<int32_t>(),
+      PagedAttentionScores(dk.as<void>(), dtype, dt.as<int32_t>(), dl.as<int32_t>(),
+                           dh.as<int32_t>(), dq.as<float>(), dqo.as<int32_t>(), dso.as<int32_t>(),
                            exclude ? dx.as<uint8_t>() : nullptr, s, dout.as<float>(), nullptr),
       cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -105,7 +108,24 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(ScoreGqa::kMaxProbs, ScoreGqa::kMeanProbs,
                                          ScoreGqa::kMaxLogits),
                        ::testing::Values(ScoreQuery::kMax, ScoreQuery::kMean, ScoreQuery::kSum),
-                       ::testing::Bool()));
+                       ::testing::Values(false), ::testing::Values(KvDtype::kFloat32)));
+
+// Excluded keys (snapkv's window) with every GQA reduction.
+INSTANTIATE_TEST_SUITE_P(
+    Excluded, PagedScoresGpuTest,
+    ::testing::Combine(::testing::Values(32, 128), ::testing::Values(16), ::testing::Values(1, 8),
+                       ::testing::Values(ScoreGqa::kMaxProbs, ScoreGqa::kMeanProbs,
+                                         ScoreGqa::kMaxLogits),
+                       ::testing::Values(ScoreQuery::kMax, ScoreQuery::kMean),
+                       ::testing::Values(true), ::testing::Values(KvDtype::kFloat32)));
+
+// 16-bit key storage.
+INSTANTIATE_TEST_SUITE_P(
+    Storage, PagedScoresGpuTest,
+    ::testing::Combine(::testing::Values(64, 128), ::testing::Values(16), ::testing::Values(1, 4),
+                       ::testing::Values(ScoreGqa::kMaxProbs, ScoreGqa::kMaxLogits),
+                       ::testing::Values(ScoreQuery::kMax), ::testing::Bool(),
+                       ::testing::Values(KvDtype::kBFloat16, KvDtype::kFloat16)));
 
 // Argument checks happen on the host before any CUDA call: these run without a GPU.
 TEST(PagedScoresArgsTest, UnsupportedShapesAreErrors) {
@@ -114,18 +134,21 @@ TEST(PagedScoresArgsTest, UnsupportedShapesAreErrors) {
   s.block_size = 16;
   s.max_blocks = 1;
   s.head_dim = 48;
-  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                 nullptr, s, nullptr, nullptr),
+  EXPECT_EQ(PagedAttentionScores(nullptr, KvDtype::kFloat32, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr, nullptr, nullptr, s, nullptr, nullptr),
             cudaErrorInvalidValue);
   s.head_dim = 128;
   s.gqa = static_cast<ScoreGqa>(7);
-  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                 nullptr, s, nullptr, nullptr),
+  EXPECT_EQ(PagedAttentionScores(nullptr, KvDtype::kFloat32, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr, nullptr, nullptr, s, nullptr, nullptr),
             cudaErrorInvalidValue);
   s.gqa = ScoreGqa::kMaxProbs;
+  EXPECT_EQ(PagedAttentionScores(nullptr, static_cast<KvDtype>(3), nullptr, nullptr, nullptr,
+                                 nullptr, nullptr, nullptr, nullptr, s, nullptr, nullptr),
+            cudaErrorInvalidValue);
   s.group_size = 65;
-  EXPECT_EQ(PagedAttentionScores(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                 nullptr, s, nullptr, nullptr),
+  EXPECT_EQ(PagedAttentionScores(nullptr, KvDtype::kFloat32, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr, nullptr, nullptr, s, nullptr, nullptr),
             cudaErrorInvalidValue);
 }
 

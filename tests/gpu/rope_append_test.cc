@@ -20,6 +20,7 @@ namespace {
 
 using gpu_test::DeviceBuffer;
 using gpu_test::HaveGpu;
+using gpu_test::Store;
 using gpu_test::ToHost;
 
 class RotateRowsGpuTest : public ::testing::TestWithParam<int> {};
@@ -62,13 +63,14 @@ TEST_P(RotateRowsGpuTest, MatchesCoreRope) {
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, RotateRowsGpuTest, ::testing::Values(2, 64, 128, 6));
 
-// (block_size, head_dim)
-class AppendKvGpuTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+// (block_size, head_dim, storage)
+class AppendKvGpuTest : public ::testing::TestWithParam<std::tuple<int, int, KvDtype>> {};
 
+// 16-bit caches: the device's bytes are the twin's float result rounded to nearest even.
 TEST_P(AppendKvGpuTest, MatchesTheCpuTwinExactly) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  const auto [bs, d] = GetParam();
-  std::mt19937 rng(bs * 1000 + d);
+  const auto [bs, d, dtype] = GetParam();
+  std::mt19937 rng(bs * 1000 + d + 77 * static_cast<int>(dtype));
   std::uniform_real_distribution<float> u(-1, 1);
   // Six heads with lengths before the append; each has room for one more token.
   const std::vector<int32_t> lengths = {0, 1, 16, 17, 100, 7};
@@ -97,29 +99,36 @@ TEST_P(AppendKvGpuTest, MatchesTheCpuTwinExactly) {
   for (float& x : v) x = u(rng);
   for (int32_t& x : pos) x = static_cast<int32_t>(rng() % 5000);
 
-  DeviceBuffer dk(k), dv(v), dpos(pos), dnk(new_k), dnv(new_v), dnp(new_pos), drow(table_of_row),
-      dt(tables), dl(lengths);
+  const std::vector<uint8_t> k_bytes = Store(k, dtype), v_bytes = Store(v, dtype);
+  DeviceBuffer dk(k_bytes), dv(v_bytes), dpos(pos), dnk(new_k), dnv(new_v), dnp(new_pos),
+      drow(table_of_row), dt(tables), dl(lengths);
   AppendKvCpu(new_k.data(), new_v.data(), new_pos.data(), table_of_row.data(), tables.data(),
               lengths.data(), s, k.data(), v.data(), pos.data());
   ASSERT_EQ(AppendKv(dnk.as<float>(), dnv.as<float>(), dnp.as<int32_t>(), drow.as<int32_t>(),
-                     dt.as<int32_t>(), dl.as<int32_t>(), s, dk.as<float>(), dv.as<float>(),
+                     dt.as<int32_t>(), dl.as<int32_t>(), s, dk.as<void>(), dv.as<void>(), dtype,
                      dpos.as<int32_t>(), nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(ToHost(dk.as<float>(), k.size()), k);
-  EXPECT_EQ(ToHost(dv.as<float>(), v.size()), v);
+  EXPECT_EQ(ToHost(dk.as<uint8_t>(), k_bytes.size()), Store(k, dtype));
+  EXPECT_EQ(ToHost(dv.as<uint8_t>(), v_bytes.size()), Store(v, dtype));
   EXPECT_EQ(ToHost(dpos.as<int32_t>(), pos.size()), pos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AppendKvGpuTest,
                          ::testing::Combine(::testing::Values(1, 8, 16),
-                                            ::testing::Values(64, 128, 3)));
+                                            ::testing::Values(64, 128, 3),
+                                            ::testing::Values(KvDtype::kFloat32, KvDtype::kBFloat16,
+                                                              KvDtype::kFloat16)));
 
 TEST(RopeAppendArgsTest, BadShapesAreErrors) {
   EXPECT_EQ(RotateRows(nullptr, nullptr, nullptr, 1, 7, nullptr, nullptr), cudaErrorInvalidValue);
   AppendShape s{1, 64, 0, 1};
   EXPECT_EQ(AppendKv(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, nullptr, nullptr,
-                     nullptr, nullptr),
+                     KvDtype::kFloat32, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  s.block_size = 16;
+  EXPECT_EQ(AppendKv(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, nullptr, nullptr,
+                     static_cast<KvDtype>(9), nullptr, nullptr),
             cudaErrorInvalidValue);
 }
 
