@@ -54,6 +54,12 @@ struct ScoringPlan {
   // True: protected tokens take no part in the scoring (outside every softmax) and pool as
   // the pooling's padding, so they must be the head's newest tokens (snapkv's window).
   bool protected_unscored = false;
+  // True (rkv): each token's rank score is lambda * pooled - (1 - lambda) * redundancy, the
+  // redundancy (core RedundancyScores) taken over all of the head's keys with
+  // `redundancy_threshold` as the near-duplicate cosine.
+  bool redundancy = false;
+  float lambda = 1.0f;
+  float redundancy_threshold = 0.5f;
   std::vector<ScoringTask> tasks;  // ascending kv_head
 };
 
@@ -98,9 +104,9 @@ class PolicyState {
   // Plans what Compress(layer, heads, due, current_position) would do for a scorer outside
   // the policy to carry out; heads may come without keys (positions only). Advances the
   // policy state exactly as Compress does (beacon draws), so call one or the other per event.
-  // beacon, tova and snapkv plan (uniform budgets). kUnimplemented for policies whose
+  // beacon, tova, snapkv and rkv plan (uniform budgets). kUnimplemented for policies whose
   // selection is not "score each head, keep protected + k best" on the device's terms (full,
-  // streaming, h2o, rkv (its redundancy term), rpc, pooled budgets): run Compress for those.
+  // streaming, h2o, rpc, pooled budgets): run Compress for those.
   virtual absl::StatusOr<ScoringPlan> PlanScoring(int32_t layer, absl::Span<const HeadKeys> heads,
                                                   absl::Span<const int32_t> due,
                                                   int32_t current_position);

@@ -60,14 +60,14 @@ class WindowedState final : public PolicyState {
                            }});
   }
 
-  // snapkv with uniform budgets, for an external scorer: the window's queries (max of the
-  // group's logits, one softmax, mean over the queries) score the keys before the window,
-  // which is kept and takes no part (protected_unscored). rkv (its redundancy term reads
-  // every key pair) and pooled budgets run Compress.
+  // snapkv and rkv with uniform budgets, for an external scorer: the window's queries (max of
+  // the group's logits, one softmax, mean over the queries) score the keys before the window,
+  // which is kept and takes no part (protected_unscored); rkv's plan asks for its redundancy
+  // term too. Pooled budgets run Compress.
   absl::StatusOr<ScoringPlan> PlanScoring(int32_t layer, absl::Span<const HeadKeys> heads,
                                           absl::Span<const int32_t> due,
                                           int32_t current_position) override {
-    if (p_.redundancy || p_.budget_mode != BudgetMode::kUniform) {
+    if (p_.budget_mode != BudgetMode::kUniform) {
       return PolicyState::PlanScoring(layer, heads, due, current_position);
     }
     ScoringPlan shape;
@@ -76,6 +76,9 @@ class WindowedState final : public PolicyState {
     shape.pooling = p_.pooling;
     shape.pool_kernel = p_.pool_kernel;
     shape.protected_unscored = true;
+    shape.redundancy = p_.redundancy;
+    shape.lambda = p_.lambda;
+    shape.redundancy_threshold = p_.threshold;
     return PlanScored(
         layer, heads, due,
         {p_.budget, std::move(shape),

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/paged_scores.h"
+#include "kernels/redundancy.h"
 #include "kernels/scorer_shapes.h"
 #include "kernels/segmented_topk.h"
 
@@ -23,6 +24,8 @@ enum Buf {
   kScores,
   kKeep,
   kTemp,
+  kPenalty,
+  kWork,
 };
 
 absl::Status CudaError(cudaError_t e, const char* what) {
@@ -58,7 +61,7 @@ absl::Status GpuScorer::Score(const ScoringShape& shape, absl::Span<const Scorin
     return s;
   const int32_t items = batch_.offsets.back();
   if (batch_.num_jobs == 0) return absl::OkStatus();
-  const internal_scorer::KernelShapes ks = internal_scorer::ToKernelShapes(shape, batch_);
+  internal_scorer::KernelShapes ks = internal_scorer::ToKernelShapes(shape, batch_);
 
   cudaError_t e = cudaSuccess;
   // Uploads a host vector into buffer `which`; returns its device copy (null on error).
@@ -95,6 +98,23 @@ absl::Status GpuScorer::Score(const ScoringShape& shape, absl::Span<const Scorin
                      shape.head_dim, shape.group_size))
                : CudaError(e, "PagedAttentionScores");
   }
+  float* penalty = nullptr;
+  if (shape.redundancy) {
+    size_t work_bytes = 0;
+    if ((e = PagedRedundancyScores(nullptr, &work_bytes, store_->keys(), store_->dtype(), tables,
+                                   lengths, table_of_head, positions, offsets, items, ks.redundancy,
+                                   nullptr, stream_)) != cudaSuccess)
+      return CudaError(e, "PagedRedundancyScores (size)");
+    void* work = Buffer(kWork, work_bytes, &e);
+    penalty = static_cast<float*>(Buffer(kPenalty, items * sizeof(float), &e));
+    if (work == nullptr || penalty == nullptr) return CudaError(e, "cudaMalloc (redundancy)");
+    work_bytes = sizes_[kWork];
+    if ((e = PagedRedundancyScores(work, &work_bytes, store_->keys(), store_->dtype(), tables,
+                                   lengths, table_of_head, positions, offsets, items, ks.redundancy,
+                                   penalty, stream_)) != cudaSuccess)
+      return CudaError(e, "PagedRedundancyScores");
+    ks.topk.penalty.values = penalty;
+  }
   size_t temp_bytes = 0;
   if ((e = SegmentedTopK(nullptr, &temp_bytes, offsets, scores, positions, protect, k, ks.topk,
                          TopKAlgorithm::kAuto, keep, stream_)) != cudaSuccess)
@@ -109,6 +129,9 @@ absl::Status GpuScorer::Score(const ScoringShape& shape, absl::Span<const Scorin
                            cudaMemcpyDeviceToHost, stream_)) != cudaSuccess ||
       (e = cudaMemcpyAsync(result->keep.data(), keep, items, cudaMemcpyDeviceToHost, stream_)) !=
           cudaSuccess ||
+      (penalty != nullptr &&
+       (e = cudaMemcpyAsync(result->penalty.data(), penalty, items * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream_)) != cudaSuccess) ||
       (e = cudaStreamSynchronize(stream_)) != cudaSuccess)
     return CudaError(e, "download");
   return absl::OkStatus();

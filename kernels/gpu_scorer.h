@@ -31,7 +31,7 @@ class GpuScorer final : public Scorer {
   // Device buffer `which`, at least `bytes` long (grown, never shrunk).
   void* Buffer(int which, size_t bytes, cudaError_t* error);
 
-  static constexpr int kNumBuffers = 12;
+  static constexpr int kNumBuffers = 14;
   const CudaKvStore* store_;
   cudaStream_t stream_;
   ScoringBatch batch_;

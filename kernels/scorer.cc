@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/paged_scores_cpu.h"
+#include "kernels/redundancy_cpu.h"
 #include "kernels/scorer_shapes.h"
 #include "kernels/segmented_topk_cpu.h"
 
@@ -112,6 +113,7 @@ absl::Status PrepareScoring(const char* who, const StoreShape& store, const Scor
   const int32_t items = batch->offsets.back();
   result->offsets = batch->offsets;
   result->scores.assign(items, 0.0f);
+  result->penalty.assign(shape.redundancy ? items : 0, 0.0f);
   result->keep.assign(items, 0);
   return absl::OkStatus();
 }
@@ -121,12 +123,19 @@ absl::Status PagedTwinScorer::Score(const ScoringShape& shape, absl::Span<const 
   const StoreShape store{store_->head_dim(), store_->block_size(), store_->num_blocks()};
   if (absl::Status s = PrepareScoring("scorer", store, shape, jobs, &batch_, result); !s.ok())
     return s;
-  const internal_scorer::KernelShapes ks = internal_scorer::ToKernelShapes(shape, batch_);
+  internal_scorer::KernelShapes ks = internal_scorer::ToKernelShapes(shape, batch_);
   kernels::PagedAttentionScoresCpu(store_->keys_data(), batch_.tables.data(), batch_.lengths.data(),
                                    batch_.table_of_head.data(), batch_.queries.data(),
                                    batch_.query_offsets.data(), batch_.offsets.data(),
                                    internal_scorer::ExcludedKeys(shape, batch_.protect.data()),
                                    ks.scores, result->scores.data());
+  if (shape.redundancy) {
+    kernels::PagedRedundancyScoresCpu(store_->keys_data(), batch_.tables.data(),
+                                      batch_.lengths.data(), batch_.table_of_head.data(),
+                                      batch_.positions.data(), batch_.offsets.data(), ks.redundancy,
+                                      result->penalty.data());
+    ks.topk.penalty.values = result->penalty.data();
+  }
   kernels::SegmentedTopKCpu(batch_.offsets.data(), result->scores.data(), batch_.positions.data(),
                             batch_.protect.data(), batch_.k.data(), ks.topk, result->keep.data());
   return absl::OkStatus();

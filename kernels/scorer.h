@@ -37,10 +37,23 @@ struct ScoringShape {
   Pooling pooling = Pooling::kNone;
   int32_t pool_kernel = 1;
   bool protected_unscored = false;  // ScoringPlan::protected_unscored
+  bool redundancy = false;          // ScoringPlan::redundancy, lambda, redundancy_threshold
+  float lambda = 1.0f;
+  float redundancy_threshold = 0.5f;
 
   static ScoringShape Of(const ScoringPlan& plan, int32_t head_dim, int32_t block_size) {
-    return {head_dim,     block_size,       plan.group_size,        plan.spec,
-            plan.pooling, plan.pool_kernel, plan.protected_unscored};
+    ScoringShape s;
+    s.head_dim = head_dim;
+    s.block_size = block_size;
+    s.group_size = plan.group_size;
+    s.spec = plan.spec;
+    s.pooling = plan.pooling;
+    s.pool_kernel = plan.pool_kernel;
+    s.protected_unscored = plan.protected_unscored;
+    s.redundancy = plan.redundancy;
+    s.lambda = plan.lambda;
+    s.redundancy_threshold = plan.redundancy_threshold;
+    return s;
   }
   bool operator==(const ScoringShape&) const = default;
 };
@@ -72,6 +85,7 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
 struct ScoringResult {
   std::vector<int32_t> offsets;  // [num_jobs + 1]
   std::vector<float> scores;     // attention scores before pooling, slot order
+  std::vector<float> penalty;    // redundancy per token when the shape asks for it, else empty
   std::vector<uint8_t> keep;     // 1 = kept
   absl::Span<const uint8_t> KeepOf(int32_t job) const {
     return absl::MakeConstSpan(keep).subspan(offsets[job], offsets[job + 1] - offsets[job]);

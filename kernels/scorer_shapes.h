@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kernels/paged_scores_cpu.h"
+#include "kernels/redundancy_cpu.h"
 #include "kernels/scorer.h"
 #include "kernels/segmented_topk_cpu.h"
 
@@ -12,7 +13,8 @@ namespace beaconkv::internal_scorer {
 
 struct KernelShapes {
   kernels::PagedScoresShape scores;
-  kernels::SegmentedTopKShape topk;
+  kernels::SegmentedTopKShape topk;  // topk.penalty.values: each scorer sets it (redundancy)
+  kernels::RedundancyShape redundancy;
 };
 
 // The scores kernel's exclusion mask for a batch: its protect mask when protected keys are
@@ -45,6 +47,12 @@ inline KernelShapes ToKernelShapes(const ScoringShape& shape, const ScoringBatch
                      : shape.pooling == Pooling::kAvg ? kernels::TopKPooling::kAvg
                                                       : kernels::TopKPooling::kNone;
   out.topk.pool_kernel = shape.pool_kernel;
+  out.topk.penalty.lambda = shape.lambda;
+  out.redundancy.num_heads = batch.num_jobs;
+  out.redundancy.head_dim = shape.head_dim;
+  out.redundancy.block_size = shape.block_size;
+  out.redundancy.max_blocks = batch.max_blocks;
+  out.redundancy.threshold = shape.redundancy_threshold;
   return out;
 }
 

@@ -8,6 +8,11 @@
 namespace beaconkv::kernels {
 namespace {
 
+// x, or its penalised score when a penalty is given (item i's value).
+__device__ __forceinline__ float Penalised(float x, const TopKPenalty& penalty, int32_t i) {
+  return penalty.values == nullptr ? x : PenalisedScore(x, penalty.values[i], penalty.lambda);
+}
+
 // One thread block per segment; the whole segment (<= THREADS * ITEMS elements) is sorted
 // in registers and shared memory. With pooling, a first sort by position puts the scores in
 // position order in shared memory, where the pooling window is read.
@@ -18,7 +23,7 @@ __global__ void __launch_bounds__(THREADS)
                     const int32_t* __restrict__ positions,  // [num_items]
                     const uint8_t* __restrict__ protect,    // [num_items]
                     const int32_t* __restrict__ k,          // [num_segments]
-                    TopKPooling pooling, int32_t pool_kernel,
+                    TopKPooling pooling, int32_t pool_kernel, TopKPenalty penalty,
                     uint8_t* __restrict__ keep) {  // [num_items]
   constexpr int kTile = THREADS * ITEMS;
   using PositionSort = cub::BlockRadixSort<uint32_t, THREADS, ITEMS, int32_t>;
@@ -53,17 +58,21 @@ __global__ void __launch_bounds__(THREADS)
     }
     __syncthreads();  // raw complete
     for (int i = 0; i < ITEMS; ++i) {
-      key[i] = index[i] < 0 ? 0
-                            : TopKSortKey(PoolWindow(raw, first + i, n,
-                                                     pooling == TopKPooling::kMax, pool_kernel),
-                                          static_cast<int32_t>(pos[i]), protect[begin + index[i]]);
+      key[i] = index[i] < 0
+                   ? 0
+                   : TopKSortKey(Penalised(PoolWindow(raw, first + i, n,
+                                                      pooling == TopKPooling::kMax, pool_kernel),
+                                           penalty, begin + index[i]),
+                                 static_cast<int32_t>(pos[i]), protect[begin + index[i]]);
     }
     __syncthreads();  // raw read; temp free for the score sort
   } else {
     for (int i = 0; i < ITEMS; ++i) {
       const int32_t e = first + i;
       index[i] = e < n ? e : -1;
-      key[i] = e < n ? TopKSortKey(scores[begin + e], positions[begin + e], protect[begin + e]) : 0;
+      key[i] = e < n ? TopKSortKey(Penalised(scores[begin + e], penalty, begin + e),
+                                   positions[begin + e], protect[begin + e])
+                     : 0;
     }
   }
   ScoreSort(temp.score).SortDescending(key, index);
@@ -86,11 +95,11 @@ __global__ void IotaKernel(const int32_t* __restrict__ offsets,  // [num_segment
 }
 
 // Per segment: gathers the scores into position order (`ordered`), then
-// pooled[order[r]] = PoolWindow(ordered, r).
+// pooled[order[r]] = PoolWindow(ordered, r), penalised when a penalty is given.
 __global__ void PoolKernel(const int32_t* __restrict__ offsets,  // [num_segments + 1]
                            const float* __restrict__ scores,     // [num_items]
                            const int32_t* __restrict__ order,    // [num_items] by position
-                           TopKPooling pooling, int32_t kernel,
+                           TopKPooling pooling, int32_t kernel, TopKPenalty penalty,
                            float* __restrict__ ordered,   // [num_items] scratch
                            float* __restrict__ pooled) {  // [num_items]
   const int32_t begin = offsets[blockIdx.x], n = offsets[blockIdx.x + 1] - begin;
@@ -99,8 +108,9 @@ __global__ void PoolKernel(const int32_t* __restrict__ offsets,  // [num_segment
   }
   __syncthreads();  // the block's global writes are visible to the block after the barrier
   for (int32_t r = threadIdx.x; r < n; r += blockDim.x) {
-    pooled[begin + order[begin + r]] =
-        PoolWindow(ordered + begin, r, n, pooling == TopKPooling::kMax, kernel);
+    const int32_t i = begin + order[begin + r];
+    pooled[i] = Penalised(PoolWindow(ordered + begin, r, n, pooling == TopKPooling::kMax, kernel),
+                          penalty, i);
   }
 }
 
@@ -108,10 +118,11 @@ __global__ void KeyKernel(const int32_t* __restrict__ offsets,    // [num_segmen
                           const float* __restrict__ scores,       // [num_items]
                           const int32_t* __restrict__ positions,  // [num_items]
                           const uint8_t* __restrict__ protect,    // [num_items]
-                          uint64_t* __restrict__ keys) {          // [num_items]
+                          TopKPenalty penalty,            // applied here when no pooling pass did
+                          uint64_t* __restrict__ keys) {  // [num_items]
   const int32_t begin = offsets[blockIdx.x], n = offsets[blockIdx.x + 1] - begin;
   for (int32_t i = begin + threadIdx.x; i < begin + n; i += blockDim.x) {
-    keys[i] = TopKSortKey(scores[i], positions[i], protect[i]);
+    keys[i] = TopKSortKey(Penalised(scores[i], penalty, i), positions[i], protect[i]);
   }
 }
 
@@ -195,10 +206,11 @@ cudaError_t SegmentedSortTopK(void* temp, size_t* temp_bytes, const int32_t* off
                                               items, s.num_segments, offsets, offsets + 1, stream);
     if (err != cudaSuccess) return err;
     PoolKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, scores, index, s.pooling,
-                                                        s.pool_kernel, ordered, pooled);
+                                                        s.pool_kernel, s.penalty, ordered, pooled);
     scores = pooled;
   }
-  KeyKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, scores, positions, protect, keys_in);
+  KeyKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, scores, positions, protect,
+                                                     pool ? TopKPenalty{} : s.penalty, keys_in);
   bytes = cub_bytes;
   err = cub::DeviceSegmentedSort::SortPairsDescending(cub_temp, bytes, keys_in, keys_out, iota,
                                                       index, items, s.num_segments, offsets,
@@ -213,7 +225,7 @@ cudaError_t LaunchBlockTopK(const int32_t* offsets, const float* scores, const i
                             const uint8_t* protect, const int32_t* k, const SegmentedTopKShape& s,
                             uint8_t* keep, cudaStream_t stream) {
   BlockTopKKernel<THREADS, ITEMS><<<s.num_segments, THREADS, 0, stream>>>(
-      offsets, scores, positions, protect, k, s.pooling, s.pool_kernel, keep);
+      offsets, scores, positions, protect, k, s.pooling, s.pool_kernel, s.penalty, keep);
   return cudaGetLastError();
 }
 

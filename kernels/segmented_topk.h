@@ -25,7 +25,8 @@ inline constexpr int32_t kMaxBlockTopKSegment = 4096;
 // sizes, kBlockRadixSort with max_segment_len > kMaxBlockTopKSegment) or a too small temp.
 // A segment longer than max_segment_len on the block path traps the kernel.
 // Both algorithms give exactly the CPU twin's keep mask: the sort key (score, position)
-// totally orders a segment's unprotected elements.
+// totally orders a segment's unprotected elements. shape.penalty.values, if any, is a device
+// array.
 cudaError_t SegmentedTopK(void* temp,                // [*temp_bytes] device scratch or nullptr
                           size_t* temp_bytes,        // in: size of temp; out: size needed
                           const int32_t* offsets,    // [num_segments + 1]

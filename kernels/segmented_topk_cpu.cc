@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/scoring.h"
 #include "core/selection.h"
+#include "kernels/topk_key.h"
 
 namespace beaconkv::kernels {
 namespace {
@@ -31,9 +32,10 @@ void SegmentedTopKCpu(const int32_t* offsets, const float* scores, const int32_t
                       uint8_t* keep) {
   const Pooling pooling = ToCorePooling(shape.pooling);
   const bool pool = pooling != Pooling::kNone && shape.pool_kernel > 1;
-  std::vector<int32_t> order;  // [n] element of the i-th oldest token
-  std::vector<float> ordered;  // [n] scores in position order
-  std::vector<float> pooled;   // [n] pooled scores in slot order
+  std::vector<int32_t> order;    // [n] element of the i-th oldest token
+  std::vector<float> ordered;    // [n] scores in position order
+  std::vector<float> pooled;     // [n] pooled scores in slot order
+  std::vector<float> penalised;  // [n] after the penalty, slot order
   for (int32_t s = 0; s < shape.num_segments; ++s) {
     const int32_t begin = offsets[s], n = offsets[s + 1] - offsets[s];
     BKV_CHECK(n >= 0);
@@ -49,6 +51,14 @@ void SegmentedTopKCpu(const int32_t* offsets, const float* scores, const int32_t
       pooled.resize(n);
       for (int32_t i = 0; i < n; ++i) pooled[order[i]] = ordered[i];
       seg_scores = pooled.data();
+    }
+    if (shape.penalty.values != nullptr) {
+      penalised.resize(n);
+      for (int32_t i = 0; i < n; ++i) {
+        penalised[i] =
+            PenalisedScore(seg_scores[i], shape.penalty.values[begin + i], shape.penalty.lambda);
+      }
+      seg_scores = penalised.data();
     }
     const HeadCandidates head{absl::MakeConstSpan(positions + begin, n),
                               absl::MakeConstSpan(protect + begin, n),

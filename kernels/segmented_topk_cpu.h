@@ -3,8 +3,9 @@
 // elements are that head's cached tokens in slot order.
 //
 // For segment s (elements [offsets[s], offsets[s + 1])): optionally pool the scores over
-// neighbouring tokens in position order (core Pool1d), then keep every protected element and
-// the k[s] best unprotected ones by (score desc, position desc) -- core TopKUnprotected, so
+// neighbouring tokens in position order (core Pool1d), optionally subtract a penalty
+// (shape.penalty), then keep every protected element and the k[s] best unprotected ones by
+// (score desc, position desc) -- core TopKUnprotected, so
 // among equal scores the more recent token wins. keep[i] = 1 for kept elements, 0 otherwise.
 // Positions within a segment must be unique and >= 0; scores must not be NaN.
 #pragma once
@@ -16,12 +17,21 @@ namespace beaconkv::kernels {
 // Mirrors core Pooling without pulling absl into device code.
 enum class TopKPooling : int32_t { kNone = 0, kMax = 1, kAvg = 2 };
 
+// An optional term subtracted after pooling: an element's rank score becomes
+// lambda * pooled - (1 - lambda) * values[i] (R-KV's redundancy, PenalisedScore in
+// topk_key.h). values: [num_items], on the same side as the other arrays; null = none.
+struct TopKPenalty {
+  const float* values = nullptr;
+  float lambda = 1.0f;
+};
+
 struct SegmentedTopKShape {
   int32_t num_segments = 0;
   int32_t num_items = 0;        // offsets[num_segments]
   int32_t max_segment_len = 0;  // a bound on every segment's length, known to the host
   TopKPooling pooling = TopKPooling::kNone;
   int32_t pool_kernel = 1;  // odd, >= 1; 1 = no pooling
+  TopKPenalty penalty;
 };
 
 void SegmentedTopKCpu(const int32_t* offsets,    // [num_segments + 1], offsets[0] == 0

@@ -47,4 +47,14 @@ BKV_HOST_DEVICE inline float PoolWindow(const float* raw, int32_t r, int32_t n, 
   return s / static_cast<float>(kernel);
 }
 
+// R-KV's final score: lambda * pooled importance - (1 - lambda) * redundancy, rounded as the
+// CPU policy computes it (two products, then the difference; no fused multiply-add).
+BKV_HOST_DEVICE inline float PenalisedScore(float pooled, float penalty, float lambda) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(__fmul_rn(lambda, pooled), __fmul_rn(__fsub_rn(1.0f, lambda), penalty));
+#else
+  return lambda * pooled - (1.0f - lambda) * penalty;
+#endif
+}
+
 }  // namespace beaconkv::kernels

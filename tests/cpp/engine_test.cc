@@ -189,9 +189,9 @@ INSTANTIATE_TEST_SUITE_P(Knobs, PagedScorerTest,
                          ::testing::Values(std::tuple{1, 1, false}, std::tuple{3, 0, false},
                                            std::tuple{5, 2, true}));
 
-// tova and snapkv plan too; policies without a plan (rkv, pooled budgets) run their own
+// tova, snapkv and rkv plan too; policies without a plan (h2o, pooled budgets) run their own
 // Compress under scorer=paged. Either way the tokens and evictions are the host path's.
-TEST(EngineTest, PagedScorerAgreesForTovaSnapKvAndForPoliciesWithoutAPlan) {
+TEST(EngineTest, PagedScorerAgreesForTovaSnapKvRkvAndForPoliciesWithoutAPlan) {
   TovaConfig tova;
   tova.budget = 12;
   SnapKvConfig snap;
@@ -204,9 +204,11 @@ TEST(EngineTest, PagedScorerAgreesForTovaSnapKvAndForPoliciesWithoutAPlan) {
   rkv.interval = 4;
   rkv.window = 2;
   rkv.pool_kernel = 3;
+  H2OConfig h2o;
+  h2o.budget = 12;
   BeaconConfig pooled = SmallBeacon();
   pooled.budget_mode = BudgetMode::kPooled;
-  for (const PolicyConfig& policy : std::vector<PolicyConfig>{tova, snap, rkv, pooled}) {
+  for (const PolicyConfig& policy : std::vector<PolicyConfig>{tova, snap, rkv, h2o, pooled}) {
     EngineConfig c;
     c.block_size = 4;
     c.policy = policy;

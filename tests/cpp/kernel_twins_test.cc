@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/beacon_bank.h"
+#include "core/redundancy.h"
 #include "core/rope.h"
 #include "core/scoring.h"
 #include "core/selection.h"
@@ -19,6 +20,7 @@
 #include "kernels/compaction_moves_cpu.h"
 #include "kernels/fps_cpu.h"
 #include "kernels/paged_scores_cpu.h"
+#include "kernels/redundancy_cpu.h"
 #include "kernels/rope_rotate_cpu.h"
 #include "kernels/segmented_topk_cpu.h"
 #include "kernels/topk_key.h"
@@ -118,6 +120,64 @@ TEST(SegmentedTopKCpuTest, PoolingRunsInPositionOrder) {
                    OneSegment(8, TopKPooling::kMax, 3), keep.data());
   // Pooled: 0 1 1 1 0 .6 .6 .6 -> best five: 3, 2, 1 (score 1, recent first), then 7, 6.
   EXPECT_EQ(KeptPositions(positions, keep), (std::set<int32_t>{1, 2, 3, 6, 7}));
+}
+
+// With a penalty the rank score is lambda * pooled - (1 - lambda) * penalty: pooling first,
+// then the penalty (R-KV), and an unpenalised peak can lose to a neighbour.
+TEST(SegmentedTopKCpuTest, APenaltyIsSubtractedAfterPooling) {
+  const std::vector<int32_t> positions = {0, 1, 2, 3, 4, 5};
+  const std::vector<float> scores = {0, 0, 1, 0, 0, 0.8f};
+  const std::vector<float> penalty = {0, 0, 4, 0, 0, 0};  // token 2 is redundant
+  const std::vector<int32_t> offsets = {0, 6};
+  const std::vector<uint8_t> protect(6, 0);
+  std::vector<uint8_t> keep(6);
+  const int32_t k = 2;
+  SegmentedTopKShape shape = OneSegment(6, TopKPooling::kMax, 3);
+  shape.penalty = {penalty.data(), 0.5f};
+  SegmentedTopKCpu(offsets.data(), scores.data(), positions.data(), protect.data(), &k, shape,
+                   keep.data());
+  // Pooled 0 1 1 1 .8 .8; penalised 0 .5 -1.5 .5 .4 .4: tokens 3 and 1 (recent first).
+  EXPECT_EQ(KeptPositions(positions, keep), (std::set<int32_t>{1, 3}));
+  shape.penalty = {};
+  SegmentedTopKCpu(offsets.data(), scores.data(), positions.data(), protect.data(), &k, shape,
+                   keep.data());
+  EXPECT_EQ(KeptPositions(positions, keep), (std::set<int32_t>{2, 3}));
+}
+
+// The paged twin of R-KV's redundancy is core RedundancyScores on the keys in position order,
+// written back in slot order.
+TEST(PagedRedundancyScoresCpuTest, EqualsRedundancyScoresInPositionOrder) {
+  const int32_t d = 8, bs = 4, n = 11;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> cache(4 * bs * d);
+  for (float& x : cache) x = nd(rng);
+  // Two slots are near-copies of a third, so the duplicate rule matters.
+  for (int32_t e = 0; e < d; ++e) {
+    cache[(2 * bs + 1) * d + e] = cache[(2 * bs + 0) * d + e] * 1.01f;
+    cache[(3 * bs + 2) * d + e] = cache[(2 * bs + 0) * d + e] * 0.99f;
+  }
+  const std::vector<int32_t> tables = {2, 0, 3};
+  const std::vector<int32_t> lengths = {n};
+  const std::vector<int32_t> table_of_head = {0};
+  const std::vector<int32_t> positions = {5, 9, 0, 3, 10, 1, 7, 2, 8, 4, 6};
+  const std::vector<int32_t> score_offsets = {0, n};
+  RedundancyShape s;
+  s.num_heads = 1;
+  s.head_dim = d;
+  s.block_size = bs;
+  s.max_blocks = 3;
+  s.threshold = 0.5f;
+  std::vector<float> got(n);
+  PagedRedundancyScoresCpu(cache.data(), tables.data(), lengths.data(), table_of_head.data(),
+                           positions.data(), score_offsets.data(), s, got.data());
+  std::vector<float> keys(n * d), want(n);
+  for (int32_t j = 0; j < n; ++j) {
+    std::copy_n(cache.data() + (tables[j / bs] * bs + j % bs) * d, d,
+                keys.data() + positions[j] * d);
+  }
+  RedundancyScores(keys.data(), n, d, s.threshold, want.data());
+  for (int32_t j = 0; j < n; ++j) EXPECT_EQ(got[j], want[positions[j]]) << "slot " << j;
 }
 
 // The device top-k sorts TopKSortKey descending and keeps the first k: that is core's

@@ -1,7 +1,7 @@
 // The device pipeline's scorer (kernels/scorer.h) against the policy it stands in for: a beacon,
-// tova or snapkv state that plans (PlanScoring) and a PagedTwinScorer over a paged store must keep
-// what an identical state's own Compress keeps, over many compressions of several layers and heads
-// whose slots are out of position order.
+// tova, snapkv or rkv state that plans (PlanScoring) and a PagedTwinScorer over a paged store must
+// keep what an identical state's own Compress keeps, over many compressions of several layers and
+// heads whose slots are out of position order.
 #include "kernels/scorer.h"
 
 #include <algorithm>
@@ -239,6 +239,18 @@ SnapKvConfig SnapKv(int32_t budget, int32_t interval, int32_t window, Pooling po
   return c;
 }
 
+RkvConfig Rkv(int32_t budget, int32_t interval, int32_t window, int32_t pool_kernel, double lambda,
+              double threshold) {
+  RkvConfig c;
+  c.budget = budget;
+  c.interval = interval;
+  c.window = window;
+  c.pool_kernel = pool_kernel;
+  c.lambda = lambda;
+  c.redundancy_threshold = threshold;
+  return c;
+}
+
 BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t coverage,
                     bool protect_prompt) {
   BeaconConfig c;
@@ -265,12 +277,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Params{SnapKv(48, 16, 8, Pooling::kMax, 5), Geometry{}, 7},
                       Params{SnapKv(40, 8, 4, Pooling::kAvg, 3), Geometry{3, 1, 4, 32, 16}, 8},
                       Params{SnapKv(64, 32, 16, Pooling::kNone, 1), Geometry{1, 3, 1, 8, 1}, 9},
-                      Params{SnapKv(36, 4, 35, Pooling::kMax, 7), Geometry{}, 10}));
+                      Params{SnapKv(36, 4, 35, Pooling::kMax, 7), Geometry{}, 10},
+                      Params{Rkv(48, 16, 8, 7, 0.1, 0.5), Geometry{}, 11},
+                      Params{Rkv(40, 8, 4, 3, 0.5, 0.1), Geometry{3, 1, 4, 32, 16}, 12},
+                      Params{Rkv(64, 32, 16, 1, 0.9, -0.2), Geometry{1, 3, 1, 8, 1}, 13}));
 
 TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   Geometry g;
   const std::vector<PolicyConfig> configs = {FullConfig{}, StreamingConfig{}, H2OConfig{},
-                                             RkvConfig{}, RpcConfig{}};
+                                             RpcConfig{}};
   BeaconConfig pooled;
   pooled.budget_mode = BudgetMode::kPooled;
   SnapKvConfig pooled_snapkv;

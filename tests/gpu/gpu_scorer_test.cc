@@ -34,6 +34,7 @@ struct Case {
   QueryReduction query = QueryReduction::kMax;
   bool protected_unscored = false;
   KvDtype dtype = KvDtype::kFloat32;  // the device store's (the host store holds its values)
+  bool redundancy = false;            // rkv's plans: lambda 0.3, threshold 0.9
 };
 
 class GpuScorerTest : public ::testing::TestWithParam<Case> {};
@@ -88,8 +89,11 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
   }
   std::vector<ScoringJob> jobs;
   for (int32_t j = 0; j < jobs_n; ++j) jobs.push_back({tables[j], positions[j], &tasks[j]});
-  const ScoringShape shape{c.head_dim, c.block_size,  c.group_size,        {c.gqa, c.query},
-                           c.pooling,  c.pool_kernel, c.protected_unscored};
+  ScoringShape shape{c.head_dim, c.block_size,  c.group_size,        {c.gqa, c.query},
+                     c.pooling,  c.pool_kernel, c.protected_unscored};
+  shape.redundancy = c.redundancy;
+  shape.lambda = 0.3f;
+  shape.redundancy_threshold = 0.9f;
 
   ScoringResult want, got;
   PagedTwinScorer twin(&host);
@@ -120,6 +124,16 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
                  : c.pooling == Pooling::kAvg ? TopKPooling::kAvg
                                               : TopKPooling::kNone;
   topk.pool_kernel = c.pool_kernel;
+  if (c.redundancy) {
+    ASSERT_EQ(got.penalty.size(), want.penalty.size());
+    for (size_t i = 0; i < want.penalty.size(); ++i) {
+      ASSERT_NEAR(got.penalty[i], want.penalty[i], 1e-7f + 1e-4f * std::fabs(want.penalty[i]))
+          << "redundancy of item " << i;
+    }
+    topk.penalty = {got.penalty.data(), shape.lambda};
+  } else {
+    EXPECT_TRUE(got.penalty.empty());
+  }
   std::vector<uint8_t> expect(got.keep.size());
   SegmentedTopKCpu(got.offsets.data(), got.scores.data(), flat_positions.data(),
                    flat_protect.data(), k.data(), topk, expect.data());
@@ -144,7 +158,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{128, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 3, QueryReduction::kMax, false,
              KvDtype::kBFloat16},
         Case{64, 16, 4, GqaReduction::kMaxLogits, Pooling::kMax, 7, QueryReduction::kMean, true,
-             KvDtype::kFloat16}));
+             KvDtype::kFloat16},
+        // rkv's plans: snapkv's plus the redundancy term
+        Case{128, 16, 4, GqaReduction::kMaxLogits, Pooling::kMax, 7, QueryReduction::kMean, true,
+             KvDtype::kFloat32, true},
+        Case{32, 8, 1, GqaReduction::kMaxLogits, Pooling::kMax, 3, QueryReduction::kMean, true,
+             KvDtype::kBFloat16, true}));
 
 TEST(GpuScorerErrorsTest, ShapesTheKernelsDoNotTakeAreInvalidArguments) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";

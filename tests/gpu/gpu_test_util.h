@@ -6,8 +6,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "kernels/kv_dtype.h"
@@ -82,6 +85,32 @@ inline std::vector<float> Load(const std::vector<uint8_t>& bytes, KvDtype dtype)
     }
   }
   return x;
+}
+
+// Block tables for heads of the given lengths: distinct blocks 1.. (block 0 unused), shuffled.
+struct PagedTables {
+  int32_t max_blocks = 0;       // row stride of tables
+  int32_t num_blocks = 1;       // blocks a cache needs, block 0 included
+  std::vector<int32_t> tables;  // [lengths.size(), max(max_blocks, 1)], unused entries 0
+};
+
+inline PagedTables MakePagedTables(const std::vector<int32_t>& lengths, int32_t block_size,
+                                   std::mt19937& rng) {
+  PagedTables p;
+  for (int32_t n : lengths) {
+    p.max_blocks = std::max(p.max_blocks, (n + block_size - 1) / block_size);
+    p.num_blocks += (n + block_size - 1) / block_size;
+  }
+  std::vector<int32_t> ids(p.num_blocks - 1);
+  std::iota(ids.begin(), ids.end(), 1);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  p.tables.assign(lengths.size() * std::max(p.max_blocks, 1), 0);
+  for (size_t t = 0, next = 0; t < lengths.size(); ++t) {
+    for (int32_t b = 0; b < (lengths[t] + block_size - 1) / block_size; ++b) {
+      p.tables[t * p.max_blocks + b] = ids[next++];
+    }
+  }
+  return p;
 }
 
 // Device memory freed at scope exit.

@@ -47,16 +47,10 @@ TEST_P(PagedScoresGpuTest, MatchesTheCpuTwin) {
   s.group_size = group;
   s.gqa = gqa;
   s.query = query;
-  for (int32_t n : lengths) s.max_blocks = std::max(s.max_blocks, (n + bs - 1) / bs);
-  int32_t total_blocks = 1;
-  for (int32_t n : lengths) total_blocks += (n + bs - 1) / bs;
-  std::vector<int32_t> ids(total_blocks - 1);
-  std::iota(ids.begin(), ids.end(), 1);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int32_t> tables(lengths.size() * std::max(s.max_blocks, 1), 0);
-  for (size_t t = 0, next = 0; t < lengths.size(); ++t)
-    for (int32_t b = 0; b < (lengths[t] + bs - 1) / bs; ++b)
-      tables[t * s.max_blocks + b] = ids[next++];
+  const gpu_test::PagedTables paged = gpu_test::MakePagedTables(lengths, bs, rng);
+  s.max_blocks = paged.max_blocks;
+  const int32_t total_blocks = paged.num_blocks;
+  const std::vector<int32_t>& tables = paged.tables;
   // Keys scaled so that softmaxes are peaked for some rows and flat for others.
   std::vector<float> k(int64_t{total_blocks} * bs * d);
   for (float& x : k) x = 2.0f * nd(rng);

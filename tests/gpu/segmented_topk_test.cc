@@ -75,10 +75,15 @@ Problem MakeProblem(const std::vector<int32_t>& lengths, Ties ties, uint32_t see
   return p;
 }
 
-std::vector<uint8_t> RunGpu(const Problem& p, const SegmentedTopKShape& shape,
-                            TopKAlgorithm algorithm) {
+// shape.penalty.values, if set, points at host memory: it is uploaded here.
+std::vector<uint8_t> RunGpu(const Problem& p, SegmentedTopKShape shape, TopKAlgorithm algorithm) {
   DeviceBuffer offsets(p.offsets), scores(p.scores), positions(p.positions), protect(p.protect),
-      k(p.k), keep(p.scores.size());
+      k(p.k), keep(p.scores.size()),
+      penalty(
+          shape.penalty.values == nullptr
+              ? std::vector<float>{}
+              : std::vector<float>(shape.penalty.values, shape.penalty.values + p.scores.size()));
+  if (shape.penalty.values != nullptr) shape.penalty.values = penalty.as<float>();
   size_t bytes = 0;
   EXPECT_EQ(SegmentedTopK(nullptr, &bytes, offsets.as<int32_t>(), scores.as<float>(),
                           positions.as<int32_t>(), protect.as<uint8_t>(), k.as<int32_t>(), shape,
@@ -105,10 +110,20 @@ TEST_P(SegmentedTopKGpuTest, KeepMaskMatchesTheCpuTwin) {
                                               static_cast<int>(ties) * 7 + pool);
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const Problem p = MakeProblem(lengths, ties, seed);
-  for (TopKPooling pooling : {TopKPooling::kNone, TopKPooling::kMax, TopKPooling::kAvg}) {
+  // R-KV's redundancy penalty: small values (as a softmax over a head gives) at random.
+  std::mt19937 rng(seed + 1);
+  std::vector<float> penalty(p.scores.size());
+  for (float& x : penalty) x = static_cast<float>(rng() % 1000) * 1e-4f;
+  for (int variant = 0; variant < 6; ++variant) {
+    const TopKPooling pooling = variant % 3 == 0   ? TopKPooling::kNone
+                                : variant % 3 == 1 ? TopKPooling::kMax
+                                                   : TopKPooling::kAvg;
+    const bool with_penalty = variant >= 3;
     if (pool == 1 && pooling != TopKPooling::kNone) continue;
-    SCOPED_TRACE(::testing::Message() << "pooling " << static_cast<int>(pooling));
+    SCOPED_TRACE(::testing::Message()
+                 << "pooling " << static_cast<int>(pooling) << " penalty " << with_penalty);
     SegmentedTopKShape shape;
+    if (with_penalty) shape.penalty = {penalty.data(), 0.3f};
     shape.num_segments = static_cast<int32_t>(lengths.size());
     shape.num_items = static_cast<int32_t>(p.scores.size());
     shape.max_segment_len = p.max_len;
