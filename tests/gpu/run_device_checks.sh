@@ -177,6 +177,12 @@ if [ "${#tests[@]}" -gt 0 ] && command -v compute-sanitizer >/dev/null 2>&1; the
   san racecheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/40:Shapes/SegmentedTopKGpuTest.*/41'
   san racecheck gpu_paged_attention_gqa_test 'Shapes/PagedAttentionGqaGpuTest.*/10:Shapes/PagedAttentionGqaGpuTest.*/13'
   san racecheck gpu_paged_scores_test 'Shapes/PagedScoresGpuTest.*/1'
+  # 2026-12-03: max-logit GQA with excluded keys (Excluded/10: head_dim 32, GQA 8), 16-bit keys,
+  # R-KV's redundancy.
+  san memcheck gpu_paged_scores_test 'Excluded/PagedScoresGpuTest.*/1?:Storage/PagedScoresGpuTest.*/1'
+  san racecheck gpu_paged_scores_test 'Excluded/PagedScoresGpuTest.*/10'
+  san memcheck gpu_redundancy_test 'Shapes/RedundancyGpuTest.*/0:Shapes/RedundancyGpuTest.*/5'
+  san racecheck gpu_redundancy_test 'Shapes/RedundancyGpuTest.*/0'
 else
   log "sanitizer pass skipped (no test binaries or no compute-sanitizer)"
 fi
