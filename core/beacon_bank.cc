@@ -712,6 +712,12 @@ void BeaconBank::Reduce() {
 
 int32_t BeaconBank::Beacons(int32_t n_beacons, const Rope& rope, int64_t position,
                             std::vector<float>* out) {
+  const int32_t n = Beacons(n_beacons, out);
+  rope.RotateMany(out->data(), n, position, out->data());
+  return n;
+}
+
+int32_t BeaconBank::Beacons(int32_t n_beacons, std::vector<float>* out) {
   // Reuse the draw: the FPS that picks the beacons also reduces the buffer, so the next
   // compression starts from these survivors instead of drawing again from the same points.
   // With draw_on_fill a draw that still has n_beacons survivors is reused as it is, unless
@@ -747,7 +753,6 @@ int32_t BeaconBank::Beacons(int32_t n_beacons, const Rope& rope, int64_t positio
     n = take([&](int32_t b) { return order[b]; }, copy);
   }
   out->resize(static_cast<size_t>(n) * head_dim_);
-  rope.RotateMany(out->data(), n, position, out->data());
   return n;
 }
 

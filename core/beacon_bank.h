@@ -77,6 +77,8 @@ class BeaconBank {
   // and size + (queries appended since the last call) < buffer_max, the beacons are the
   // first n_beacons survivors and nothing is reduced. Returns n.
   int32_t Beacons(int32_t n_beacons, const Rope& rope, int64_t position, std::vector<float>* out);
+  // The same beacons before RoPE (for a scorer that rotates them itself); the same draw.
+  int32_t Beacons(int32_t n_beacons, std::vector<float>* out);
 
  private:
   // FPS down to buffer_min (no-op when size <= buffer_min); survivors stored in FPS order.

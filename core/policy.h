@@ -39,6 +39,10 @@ struct ScoringTask {
   std::vector<float> queries;    // [num_queries, group_size, head_dim]
   std::vector<uint8_t> protect;  // [num_tokens()] slot order, 1 = kept whatever the scores
   int64_t k = 0;                 // unprotected tokens kept, the best by pooled score
+  // The last `rotated_rows` query rows are pre-RoPE (beacons): the scorer rotates each of
+  // their head_dim vectors to position `rotate_to` (ScoringPlan::rope_theta) before scoring.
+  int32_t rotated_rows = 0;
+  int32_t rotate_to = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(protect.size()); }  // the head's
 };
@@ -60,6 +64,8 @@ struct ScoringPlan {
   bool redundancy = false;
   float lambda = 1.0f;
   float redundancy_threshold = 0.5f;
+  // RoPE base of the tasks' rotated rows (0 when no task has any).
+  double rope_theta = 0.0;
   std::vector<ScoringTask> tasks;  // ascending kv_head
 };
 

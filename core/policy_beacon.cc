@@ -74,7 +74,11 @@ class BeaconState final : public PolicyState {
     shape.spec = {GqaReduction::kMaxProbs, QueryReduction::kMax};
     shape.pooling = Pooling::kMax;
     shape.pool_kernel = config_.pool_kernel;
-    return PlanScored(
+    shape.rope_theta = geometry_.rope.rope_theta;
+    // The beacons go out before RoPE, for the scorer to rotate (PlanScored reads the count).
+    int32_t beacon_rows = 0;
+    std::vector<int32_t> rotated_rows;  // per task
+    absl::StatusOr<ScoringPlan> plan = PlanScored(
         layer, heads, due,
         {config_.budget, std::move(shape),
          [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
@@ -82,9 +86,11 @@ class BeaconState final : public PolicyState {
          },
          [&](int32_t h, const OrderedHead& ordered, std::vector<uint8_t>* protect,
              std::vector<float>* queries) {
-           const int32_t rows = BuildRows(geometry_.HeadIndex(layer, h), current_position);
+           const int32_t rows = BuildRows(geometry_.HeadIndex(layer, h), current_position,
+                                          /*rotate=*/false, &beacon_rows);
            queries->assign(queries_.begin(),
                            queries_.begin() + static_cast<ptrdiff_t>(rows) * geometry_.head_dim());
+           rotated_rows.push_back(beacon_rows);
            // Compress adds 2 to the sample's scores after pooling, which puts all of it above
            // every scored token: the same set as keeping it outright beside the protected ones.
            if (IsCoverage(layer)) {
@@ -92,6 +98,14 @@ class BeaconState final : public PolicyState {
            }
            return rows;
          }});
+    if (!plan.ok()) return plan;
+    // PlanScored asks for the rows of exactly the tasks it makes, in order.
+    BKV_CHECK(rotated_rows.size() == plan->tasks.size());
+    for (size_t t = 0; t < plan->tasks.size(); ++t) {
+      plan->tasks[t].rotated_rows = rotated_rows[t];
+      plan->tasks[t].rotate_to = current_position;
+    }
+    return plan;
   }
 
   int64_t StateBytes() const override {
@@ -138,14 +152,19 @@ class BeaconState final : public PolicyState {
   }
 
   // Fills queries_ with the head's observation rows (every recent post-RoPE query of every
-  // query head, then the beacons rotated to current_position); returns their number.
-  int32_t BuildRows(int32_t head_index, int32_t current_position) {
+  // query head, then the beacons rotated to current_position, or left before RoPE when
+  // !rotate); returns their number, and the beacons' in *beacon_rows when given.
+  int32_t BuildRows(int32_t head_index, int32_t current_position, bool rotate = true,
+                    int32_t* beacon_rows = nullptr) {
     const int32_t d = geometry_.head_dim();
     const int32_t g = geometry_.group_size;
     const QueryRing& ring = rings_[head_index];
     const int32_t recent_rows = ring.size() * g;
+    BeaconBank& bank = banks_[head_index];
     const int32_t beacons =
-        banks_[head_index].Beacons(config_.n_beacons, rope_, current_position, &beacons_);
+        rotate ? bank.Beacons(config_.n_beacons, rope_, current_position, &beacons_)
+               : bank.Beacons(config_.n_beacons, &beacons_);
+    if (beacon_rows != nullptr) *beacon_rows = beacons;
     // Every recent query of every query head, and every beacon, is one observation row;
     // max over rows == max over queries and over the group.
     queries_.resize(static_cast<size_t>(recent_rows + beacons) * d);

@@ -5,6 +5,8 @@
 #include "absl/strings/str_format.h"
 #include "kernels/paged_scores.h"
 #include "kernels/redundancy.h"
+#include "kernels/rope_rotate.h"
+#include "kernels/rope_rotate_cpu.h"
 #include "kernels/scorer_shapes.h"
 #include "kernels/segmented_topk.h"
 
@@ -26,6 +28,8 @@ enum Buf {
   kTemp,
   kPenalty,
   kWork,
+  kRopeTable,
+  kRopeRow,
 };
 
 absl::Status CudaError(cudaError_t e, const char* what) {
@@ -48,7 +52,11 @@ void* GpuScorer::Buffer(int which, size_t bytes, cudaError_t* error) {
     cudaFree(buffers_[which]);
     buffers_[which] = nullptr;
     sizes_[which] = 0;
-    if ((*error = cudaMalloc(&buffers_[which], bytes)) != cudaSuccess) return nullptr;
+    // Only a failure is written: an earlier call's error is kept for the caller to report.
+    if (const cudaError_t e = cudaMalloc(&buffers_[which], bytes); e != cudaSuccess) {
+      *error = e;
+      return nullptr;
+    }
     sizes_[which] = bytes;
   }
   return buffers_[which];
@@ -65,7 +73,9 @@ absl::Status GpuScorer::Score(const ScoringShape& shape, absl::Span<const Scorin
 
   cudaError_t e = cudaSuccess;
   // Uploads a host vector into buffer `which`; returns its device copy (null on error).
+  // After a failure it does nothing, so `e` keeps the first error.
   auto up = [&](int which, const auto& v) -> decltype(v.data()) {
+    if (e != cudaSuccess) return nullptr;
     const size_t bytes = v.size() * sizeof(v[0]);
     void* d = Buffer(which, bytes, &e);
     if (d == nullptr) return nullptr;
@@ -77,13 +87,28 @@ absl::Status GpuScorer::Score(const ScoringShape& shape, absl::Span<const Scorin
   const int32_t* tables = up(kTables, batch_.tables);
   const int32_t* lengths = up(kLengths, batch_.lengths);
   const int32_t* table_of_head = up(kTableOfHead, batch_.table_of_head);
-  const float* queries = up(kQueries, batch_.queries);
+  up(kQueries, batch_.queries);
+  auto* queries = static_cast<float*>(buffers_[kQueries]);  // rotated in place below
   const int32_t* query_offsets = up(kQueryOffsets, batch_.query_offsets);
   const int32_t* offsets = up(kOffsets, batch_.offsets);
   const int32_t* positions = up(kPositions, batch_.positions);
   const uint8_t* protect = up(kProtect, batch_.protect);
   const int32_t* k = up(kK, batch_.k);
   if (e != cudaSuccess) return CudaError(e, "upload");
+  if (!batch_.rope_table_row.empty()) {
+    absl::StatusOr<Rope> rope = Rope::Create({shape.head_dim, shape.rope_theta});
+    if (!rope.ok()) return rope.status();
+    rope_table_.resize(batch_.rope_positions.size() * shape.head_dim);
+    kernels::RopeAngleTable(*rope, batch_.rope_positions.data(),
+                            static_cast<int32_t>(batch_.rope_positions.size()), rope_table_.data());
+    const float* table = up(kRopeTable, rope_table_);
+    const int32_t* table_row = up(kRopeRow, batch_.rope_table_row);
+    if (e != cudaSuccess) return CudaError(e, "upload (RoPE)");
+    if ((e = RotateRows(queries, table_row, table,
+                        static_cast<int32_t>(batch_.rope_table_row.size()), shape.head_dim, queries,
+                        stream_)) != cudaSuccess)
+      return CudaError(e, "RotateRows");
+  }
   auto* scores = static_cast<float*>(Buffer(kScores, items * sizeof(float), &e));
   auto* keep = static_cast<uint8_t*>(Buffer(kKeep, items, &e));
   if (e != cudaSuccess) return CudaError(e, "cudaMalloc");

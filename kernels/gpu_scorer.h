@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda_kv_store.h"
 #include "kernels/scorer.h"
@@ -28,13 +29,15 @@ class GpuScorer final : public Scorer {
                      ScoringResult* result) override;
 
  private:
-  // Device buffer `which`, at least `bytes` long (grown, never shrunk).
+  // Device buffer `which`, at least `bytes` long (grown, never shrunk); null with *error set
+  // when cudaMalloc fails (a success leaves *error as it was).
   void* Buffer(int which, size_t bytes, cudaError_t* error);
 
-  static constexpr int kNumBuffers = 14;
+  static constexpr int kNumBuffers = 16;
   const CudaKvStore* store_;
   cudaStream_t stream_;
   ScoringBatch batch_;
+  std::vector<float> rope_table_;  // host cos/sin table of the batch's rotations
   void* buffers_[kNumBuffers] = {};
   size_t sizes_[kNumBuffers] = {};
 };

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/paged_scores_cpu.h"
 #include "kernels/redundancy_cpu.h"
+#include "kernels/rope_rotate_cpu.h"
 #include "kernels/scorer_shapes.h"
 #include "kernels/segmented_topk_cpu.h"
 
@@ -36,6 +37,7 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
   b.max_len = 0;
   const int64_t row = int64_t{shape.group_size} * shape.head_dim;
   int64_t tokens = 0, rows = 0;
+  bool any_rotated = false;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const ScoringJob& job = jobs[j];
     if (job.task == nullptr) return JobError(j, "no task");
@@ -56,6 +58,14 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
                                          job.table.size(), shape.block_size, n));
     }
     if (t.k < 0 || t.k > kMax) return JobError(j, absl::StrFormat("k=%d out of range", t.k));
+    if (t.rotated_rows < 0 || t.rotated_rows > t.num_queries || t.rotate_to < 0) {
+      return JobError(j, absl::StrFormat("%d rotated rows to position %d for %d queries",
+                                         t.rotated_rows, t.rotate_to, t.num_queries));
+    }
+    if (t.rotated_rows > 0 && !(shape.rope_theta > 0.0)) {
+      return JobError(j, "rotated rows need the shape's rope_theta");
+    }
+    any_rotated |= t.rotated_rows > 0;
     tokens += n;
     rows += t.num_queries;
     if (tokens > kMax || rows > kMax) return JobError(j, "the batch exceeds 2^31 tokens or rows");
@@ -75,6 +85,12 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
   b.positions.reserve(tokens);
   b.protect.clear();
   b.protect.reserve(tokens);
+  b.rope_table_row.clear();
+  b.rope_positions.clear();
+  if (any_rotated) {
+    b.rope_table_row.reserve(static_cast<size_t>(rows) * shape.group_size);
+    b.rope_positions.push_back(0);
+  }
   for (int32_t j = 0; j < b.num_jobs; ++j) {
     const ScoringJob& job = jobs[j];
     const ScoringTask& t = *job.task;
@@ -86,6 +102,14 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
     b.k[j] = static_cast<int32_t>(t.k);
     b.queries.insert(b.queries.end(), t.queries.begin(), t.queries.end());
     b.query_offsets.push_back(b.query_offsets.back() + t.num_queries);
+    if (any_rotated) {
+      const int32_t row = t.rotated_rows > 0 ? static_cast<int32_t>(b.rope_positions.size()) : 0;
+      if (t.rotated_rows > 0) b.rope_positions.push_back(t.rotate_to);
+      const int64_t plain = int64_t{t.num_queries - t.rotated_rows} * shape.group_size;
+      b.rope_table_row.insert(b.rope_table_row.end(), plain, 0);
+      b.rope_table_row.insert(b.rope_table_row.end(), int64_t{t.rotated_rows} * shape.group_size,
+                              row);
+    }
     b.positions.insert(b.positions.end(), job.positions.begin(), job.positions.end());
     b.protect.insert(b.protect.end(), t.protect.begin(), t.protect.end());
     b.offsets.push_back(b.offsets.back() + t.num_tokens());
@@ -124,6 +148,13 @@ absl::Status PagedTwinScorer::Score(const ScoringShape& shape, absl::Span<const 
   if (absl::Status s = PrepareScoring("scorer", store, shape, jobs, &batch_, result); !s.ok())
     return s;
   internal_scorer::KernelShapes ks = internal_scorer::ToKernelShapes(shape, batch_);
+  if (!batch_.rope_table_row.empty()) {
+    absl::StatusOr<Rope> rope = Rope::Create({shape.head_dim, shape.rope_theta});
+    if (!rope.ok()) return rope.status();
+    kernels::RotateRowsCpu(
+        *rope, batch_.queries.data(), batch_.rope_table_row.data(), batch_.rope_positions.data(),
+        static_cast<int32_t>(batch_.rope_table_row.size()), batch_.queries.data());
+  }
   kernels::PagedAttentionScoresCpu(store_->keys_data(), batch_.tables.data(), batch_.lengths.data(),
                                    batch_.table_of_head.data(), batch_.queries.data(),
                                    batch_.query_offsets.data(), batch_.offsets.data(),

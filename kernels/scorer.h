@@ -40,6 +40,7 @@ struct ScoringShape {
   bool redundancy = false;          // ScoringPlan::redundancy, lambda, redundancy_threshold
   float lambda = 1.0f;
   float redundancy_threshold = 0.5f;
+  double rope_theta = 0.0;  // ScoringPlan::rope_theta: RoPE of the tasks' rotated rows
 
   static ScoringShape Of(const ScoringPlan& plan, int32_t head_dim, int32_t block_size) {
     ScoringShape s;
@@ -53,6 +54,7 @@ struct ScoringShape {
     s.redundancy = plan.redundancy;
     s.lambda = plan.lambda;
     s.redundancy_threshold = plan.redundancy_threshold;
+    s.rope_theta = plan.rope_theta;
     return s;
   }
   bool operator==(const ScoringShape&) const = default;
@@ -72,10 +74,16 @@ struct ScoringBatch {
   std::vector<int32_t> positions;      // [offsets.back()]
   std::vector<uint8_t> protect;        // [offsets.back()]
   std::vector<int32_t> k;              // [num_jobs]
+  // RoPE of the tasks' pre-RoPE rows, per head_dim vector of `queries`: table row 0 is
+  // position 0 (the identity: x * 1 - y * 0 == x), row r > 0 a rotate_to. Empty when no task
+  // has rotated rows.
+  std::vector<int32_t> rope_table_row;  // [sum num_queries * group_size]
+  std::vector<int32_t> rope_positions;  // [rows of the table]
 };
 
 // Validates the jobs against the shape (queries sized to group_size * head_dim rows, tables
-// long enough, sizes consistent, k within int32) and lays them out. kInvalidArgument names
+// long enough, sizes consistent, k within int32, rotated rows within the queries and a RoPE
+// base for them) and lays them out. kInvalidArgument names
 // the job and the problem.
 absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const ScoringJob> jobs,
                                ScoringBatch* batch);
@@ -109,7 +117,8 @@ absl::Status PrepareScoring(const char* who, const StoreShape& store, const Scor
 class Scorer {
  public:
   virtual ~Scorer() = default;
-  // Scores and selects every job; the jobs' tables refer to this scorer's store.
+  // Rotates the tasks' pre-RoPE rows, scores and selects every job; the jobs' tables refer
+  // to this scorer's store.
   virtual absl::Status Score(const ScoringShape& shape, absl::Span<const ScoringJob> jobs,
                              ScoringResult* result) = 0;
 };

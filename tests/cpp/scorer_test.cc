@@ -369,6 +369,20 @@ TEST(BuildScoringBatchTest, LaysOutJobsAndNamesBadOnes) {
   EXPECT_EQ(b.positions, (std::vector<int32_t>{4, 0, 9, 2}));
   EXPECT_EQ(b.protect, (std::vector<uint8_t>{1, 0, 0, 0}));
   EXPECT_EQ(b.k, (std::vector<int32_t>{1, 1}));
+  EXPECT_TRUE(b.rope_table_row.empty());  // nothing to rotate
+
+  // A task with pre-RoPE rows: its last rows' vectors point at its position's table row;
+  // every other vector at row 0 (position 0, the identity).
+  ScoringTask t2 = t0;
+  t2.num_queries = 3;
+  t2.queries.assign(6, 1.0f);
+  t2.rotated_rows = 2;
+  t2.rotate_to = 41;
+  ScoringShape roped = shape;
+  roped.rope_theta = 10000.0;
+  ASSERT_TRUE(BuildScoringBatch(roped, {{table0, pos0, &t0}, {table0, pos0, &t2}}, &b).ok());
+  EXPECT_EQ(b.rope_positions, (std::vector<int32_t>{0, 41}));
+  EXPECT_EQ(b.rope_table_row, (std::vector<int32_t>{0, 0, 1, 1}));
 
   auto code = [&](const ScoringShape& s, std::vector<ScoringJob> jobs) {
     return BuildScoringBatch(s, jobs, &b).code();
@@ -389,6 +403,13 @@ TEST(BuildScoringBatchTest, LaysOutJobsAndNamesBadOnes) {
   ScoringShape even = shape;
   even.pool_kernel = 2;
   EXPECT_EQ(code(even, {{table0, pos0, &t0}}), bad);
+  EXPECT_EQ(code(shape, {{table0, pos0, &t2}}), bad);  // rotated rows without a RoPE base
+  wrong = t2;
+  wrong.rotated_rows = 4;  // more than its 3 queries
+  EXPECT_EQ(code(roped, {{table0, pos0, &wrong}}), bad);
+  wrong = t2;
+  wrong.rotate_to = -1;
+  EXPECT_EQ(code(roped, {{table0, pos0, &wrong}}), bad);
 }
 
 TEST(PagedTwinScorerTest, RejectsAStoreOfAnotherShapeAndBlocksOutsideIt) {

@@ -1,6 +1,7 @@
 // GpuScorer against PagedTwinScorer: the same jobs over the same paged keys (a CudaKvStore
-// holding a CpuKvStore's bytes) give scores equal to rounding and exactly the keep masks that
-// the CPU top-k makes of the device's own scores. Skips where no GPU is present.
+// holding a CpuKvStore's bytes, some query rows before RoPE for each scorer to rotate) give
+// scores equal to rounding and exactly the keep masks that the CPU top-k makes of the device's
+// own scores. Skips where no GPU is present.
 #include "kernels/gpu_scorer.h"
 
 #include <cuda_runtime.h>
@@ -48,6 +49,13 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
   const size_t slots = static_cast<size_t>(kBlocks) * c.block_size;
   std::vector<float> keys(slots * c.head_dim);
   for (float& x : keys) x = normal(rng);
+  // Every seventh slot a scaled copy of an earlier one: near-duplicates for rkv's redundancy.
+  for (size_t slot = 7; slot < slots; slot += 7) {
+    const size_t from = rng() % slot;
+    for (int32_t e = 0; e < c.head_dim; ++e) {
+      keys[slot * c.head_dim + e] = 1.5f * keys[from * c.head_dim + e];
+    }
+  }
   const std::vector<uint8_t> key_bytes = gpu_test::Store(keys, c.dtype);
   for (BlockId b = 0; b < kBlocks; ++b) {
     for (int32_t o = 0; o < c.block_size; ++o) {
@@ -80,6 +88,9 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
     t.protect.resize(n);
     for (uint8_t& p : t.protect) p = rng() % 8 == 0;
     t.k = static_cast<int64_t>(rng() % (n + 1));
+    // Some rows before RoPE (beacons), rotated by the scorer to a position of their own.
+    t.rotated_rows = static_cast<int32_t>(rng() % (t.num_queries + 1));
+    t.rotate_to = static_cast<int32_t>(rng() % 5000);
     const int32_t blocks = (n + c.block_size - 1) / c.block_size;
     tables[j].assign(free.begin() + next, free.begin() + next + blocks);
     next += blocks;
@@ -92,6 +103,7 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
   ScoringShape shape{c.head_dim, c.block_size,  c.group_size,        {c.gqa, c.query},
                      c.pooling,  c.pool_kernel, c.protected_unscored};
   shape.redundancy = c.redundancy;
+  shape.rope_theta = 10000.0;
   shape.lambda = 0.3f;
   shape.redundancy_threshold = 0.9f;
 
