@@ -23,8 +23,8 @@ enum class AdmissionMode { kOptimistic, kReserve };
 // Where a compression event's scoring and selection run. kHost: the policy's own Compress
 // (position order, the reference). kPaged: the policy plans (PlanScoring) and the device
 // pipeline's CPU twin (kernels/scorer.h) scores every due head of the step through its block
-// table in one call, as the GPU would; policies without a plan (full, streaming, h2o,
-// snapkv, rkv, rpc, pooled budgets) still run Compress. Same keep-sets up to the scores' rounding.
+// table in one call, as the GPU would; policies without a plan (full, streaming, h2o, rpc,
+// pooled budgets) still run Compress. Same keep-sets up to the scores' rounding.
 enum class ScorerKind { kHost, kPaged };
 
 struct EngineConfig {
