@@ -93,7 +93,7 @@ absl::StatusOr<ScoringPlan> PolicyState::PlanScored(int32_t layer, absl::Span<co
     if (protect.empty()) protect.assign(n, 0);
     ScoringTask task;
     task.kv_head = h;
-    task.num_queries = hooks.rows(h, ordered, &protect, &task.queries);
+    task.num_queries = hooks.rows(h, ordered, &protect, &task);
     const int64_t kept = std::count(protect.begin(), protect.end(), uint8_t{1});
     task.k = std::max<int64_t>(hooks.budget - kept, 0);
     task.protect.assign(n, 0);

@@ -165,11 +165,12 @@ class PolicyState {
     absl::FunctionRef<void(int32_t kv_head, const OrderedHead& ordered,
                            std::vector<uint8_t>* protect)>
         protect;
-    // Writes the head's observation queries ([rows, group_size, head_dim]) into *queries and
+    // Writes the head's observation queries ([rows, group_size, head_dim]) into
+    // task->queries (and, for rows left before RoPE, task->rotated_rows and rotate_to) and
     // returns rows; may mark more tokens of `protect` (position order, never empty here) that
     // must be kept before any scored one (beacon's coverage sample).
     absl::FunctionRef<int32_t(int32_t kv_head, const OrderedHead& ordered,
-                              std::vector<uint8_t>* protect, std::vector<float>* queries)>
+                              std::vector<uint8_t>* protect, ScoringTask* task)>
         rows;
   };
   // The uniform-budget skeleton of PlanScoring: checks the arguments as CompressScored does

@@ -75,22 +75,20 @@ class BeaconState final : public PolicyState {
     shape.pooling = Pooling::kMax;
     shape.pool_kernel = config_.pool_kernel;
     shape.rope_theta = geometry_.rope.rope_theta;
-    // The beacons go out before RoPE, for the scorer to rotate (PlanScored reads the count).
-    int32_t beacon_rows = 0;
-    std::vector<int32_t> rotated_rows;  // per task
-    absl::StatusOr<ScoringPlan> plan = PlanScored(
+    return PlanScored(
         layer, heads, due,
         {config_.budget, std::move(shape),
          [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
            *protect = ProtectMask(ordered);
          },
          [&](int32_t h, const OrderedHead& ordered, std::vector<uint8_t>* protect,
-             std::vector<float>* queries) {
+             ScoringTask* task) {
+           // The beacons go out before RoPE, for the scorer to rotate.
            const int32_t rows = BuildRows(geometry_.HeadIndex(layer, h), current_position,
-                                          /*rotate=*/false, &beacon_rows);
-           queries->assign(queries_.begin(),
-                           queries_.begin() + static_cast<ptrdiff_t>(rows) * geometry_.head_dim());
-           rotated_rows.push_back(beacon_rows);
+                                          /*rotate=*/false, &task->rotated_rows);
+           task->rotate_to = current_position;
+           task->queries.assign(queries_.begin(), queries_.begin() + static_cast<ptrdiff_t>(rows) *
+                                                                         geometry_.head_dim());
            // Compress adds 2 to the sample's scores after pooling, which puts all of it above
            // every scored token: the same set as keeping it outright beside the protected ones.
            if (IsCoverage(layer)) {
@@ -98,14 +96,6 @@ class BeaconState final : public PolicyState {
            }
            return rows;
          }});
-    if (!plan.ok()) return plan;
-    // PlanScored asks for the rows of exactly the tasks it makes, in order.
-    BKV_CHECK(rotated_rows.size() == plan->tasks.size());
-    for (size_t t = 0; t < plan->tasks.size(); ++t) {
-      plan->tasks[t].rotated_rows = rotated_rows[t];
-      plan->tasks[t].rotate_to = current_position;
-    }
-    return plan;
   }
 
   int64_t StateBytes() const override {

@@ -120,8 +120,8 @@ class TovaState final : public PolicyState {
         layer, heads, due,
         {config_.budget, std::move(shape),
          [](int32_t, const OrderedHead&, std::vector<uint8_t>*) {},
-         [&](int32_t h, const OrderedHead&, std::vector<uint8_t>*, std::vector<float>* queries) {
-           return last_[geometry_.HeadIndex(layer, h)].CopyOrdered(queries);
+         [&](int32_t h, const OrderedHead&, std::vector<uint8_t>*, ScoringTask* task) {
+           return last_[geometry_.HeadIndex(layer, h)].CopyOrdered(&task->queries);
          }});
   }
 

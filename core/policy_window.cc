@@ -85,8 +85,8 @@ class WindowedState final : public PolicyState {
          [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
            ProtectWindow(ordered, protect);
          },
-         [&](int32_t h, const OrderedHead&, std::vector<uint8_t>*, std::vector<float>* queries) {
-           return rings_[geometry_.HeadIndex(layer, h)].CopyOrdered(queries);
+         [&](int32_t h, const OrderedHead&, std::vector<uint8_t>*, ScoringTask* task) {
+           return rings_[geometry_.HeadIndex(layer, h)].CopyOrdered(&task->queries);
          }});
   }
 
