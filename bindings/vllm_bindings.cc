@@ -4,6 +4,13 @@
 // batch of requests (write the new tokens' K/V into their per-head slots, then attend over
 // what each head retains: paged decode attention for one-token rows, causal attention by
 // stored position for longer rows).
+//
+// Threads: attention and compression run with the GIL released, so a second Python thread may
+// call in meanwhile (free a sequence, admit another). Every method's C++ work runs under the
+// cache's one mutex (`Locked`: GIL released first, so the two locks are never taken in the
+// opposite order), and whatever it checks about a sequence it checks under that lock: a
+// sequence freed by another thread is then an ordinary "unknown sequence" error, never a
+// policy or block freed under a running call.
 #include <cblas.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -13,6 +20,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -80,8 +88,21 @@ class VllmKvCache {
   const KvShape& shape() const { return manager_->shape(); }
   BlockManager& manager() { return *manager_; }
 
+  // Runs `f` under `mu_` with the GIL released; returns its result with the GIL held again.
+  // `f` must not touch Python objects, nor call another Locked method (mu_ is not recursive).
+  template <typename F>
+  auto Locked(F&& f) const -> decltype(f()) {
+    return WithoutGil([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return f();
+    });
+  }
+
   // Blocks that `n` more tokens of `id` would take (a new sequence if `id` is unknown).
   int32_t BlocksNeeded(SequenceId id, int32_t n) const {
+    return Locked([&] { return BlocksNeededLocked(id, n); });
+  }
+  int32_t BlocksNeededLocked(SequenceId id, int32_t n) const {
     const KvShape& s = shape();
     const int32_t bs = s.block_size;
     if (!manager_->HasSequence(id)) return s.num_heads_total() * ((n + bs - 1) / bs);
@@ -99,20 +120,29 @@ class VllmKvCache {
   bool Allocate(SequenceId id, int32_t n, int32_t prompt_len) {
     if (n < 0) throw py::value_error(absl::StrFormat("negative token count %d", n));
     if (n == 0) return true;
-    if (BlocksNeeded(id, n) > manager_->NumFreeBlocks()) return false;
-    if (!manager_->HasSequence(id)) {
-      policies_[id] = Unwrap(NewPolicyState(policy_, geometry_, prompt_len));
-      Check(manager_->AddSequence(id, n));
+    return Locked([&] {
+      if (BlocksNeededLocked(id, n) > manager_->NumFreeBlocks()) return false;
+      if (!manager_->HasSequence(id)) {
+        std::unique_ptr<PolicyState> pol = Unwrap(NewPolicyState(policy_, geometry_, prompt_len));
+        Check(manager_->AddSequence(id, n));
+        policies_[id] = std::move(pol);
+        return true;
+      }
+      for (int32_t i = 0; i < n; ++i) Check(manager_->AppendToken(id));
       return true;
-    }
-    for (int32_t i = 0; i < n; ++i) Check(manager_->AppendToken(id));
-    return true;
+    });
   }
 
   void Free(SequenceId id) {
-    policies_.erase(id);
-    reserved_.erase(id);
-    if (manager_->HasSequence(id)) Check(manager_->FreeSequence(id));
+    Locked([&] {
+      policies_.erase(id);
+      reserved_.erase(id);
+      if (manager_->HasSequence(id)) Check(manager_->FreeSequence(id));
+    });
+  }
+
+  bool Has(SequenceId id) const {
+    return Locked([&] { return manager_->HasSequence(id); });
   }
 
   // Reservation admission. The most blocks a sequence whose prefill is `prefill_len` tokens
@@ -128,31 +158,37 @@ class VllmKvCache {
   }
   // Records that `id` may grow to `blocks` (its peak); freed with the sequence.
   void Reserve(SequenceId id, int32_t blocks) {
-    if (!manager_->HasSequence(id)) {
-      throw py::value_error(absl::StrFormat("reserve: unknown sequence %d", id));
-    }
-    reserved_[id] = blocks;
+    Locked([&] {
+      if (!manager_->HasSequence(id)) {
+        throw py::value_error(absl::StrFormat("reserve: unknown sequence %d", id));
+      }
+      reserved_[id] = blocks;
+    });
   }
   // Blocks the reserved sequences may still take: sum of max(0, peak - blocks held).
   int64_t OutstandingBlocks() const {
-    int64_t out = 0;
-    for (const auto& [id, peak] : reserved_) {
-      out += std::max<int64_t>(0, peak - Unwrap(manager_->NumBlocksOf(id)));
-    }
-    return out;
+    return Locked([&] {
+      int64_t out = 0;
+      for (const auto& [id, peak] : reserved_) {
+        out += std::max<int64_t>(0, peak - Unwrap(manager_->NumBlocksOf(id)));
+      }
+      return out;
+    });
   }
 
   // Runs the sequence's policy on every layer's heads at their trigger (as the reference
   // engine does after a decode step) and frees emptied blocks at once.
   // Returns {tokens_evicted, blocks_freed, compressions, keep: [(layer, kv_head, slots)]}.
   py::dict Compress(SequenceId id, int32_t current_position) {
-    auto it = policies_.find(id);
-    if (it == policies_.end()) throw py::value_error(absl::StrFormat("unknown sequence %d", id));
-    PolicyState& pol = *it->second;
     int64_t evicted = 0, freed = 0, compressions = 0;
     std::vector<KeepSet> applied;  // every keep-set, layer by layer
-    Check(WithoutGil([&]() -> absl::Status {
-      BKV_ASSIGN_OR_RETURN(applied, HostKeepSets(*manager_, *store_, pol, id, current_position));
+    Check(Locked([&]() -> absl::Status {
+      auto it = policies_.find(id);
+      if (it == policies_.end()) {
+        return absl::InvalidArgumentError(absl::StrFormat("unknown sequence %d", id));
+      }
+      BKV_ASSIGN_OR_RETURN(applied,
+                           HostKeepSets(*manager_, *store_, *it->second, id, current_position));
       if (applied.empty()) return absl::OkStatus();
       BKV_ASSIGN_OR_RETURN(const CompactionPlan plan, manager_->ApplyKeepSets(id, applied));
       evicted = plan.tokens_evicted;
@@ -182,24 +218,26 @@ class VllmKvCache {
     if (num_threads < 1) throw py::value_error("num_threads must be >= 1");
     const int64_t n = seq_ids.size();
     if (positions.size() != n) throw py::value_error("seq_ids and positions differ in size");
-    std::vector<PolicyState*> pols(n);
     absl::flat_hash_set<SequenceId> seen;
     for (int64_t i = 0; i < n; ++i) {
       if (!seen.insert(seq_ids.at(i)).second) {
         throw py::value_error(absl::StrFormat("sequence %d appears twice", seq_ids.at(i)));
       }
-      auto it = policies_.find(seq_ids.at(i));
-      if (it == policies_.end()) {
-        throw py::value_error(absl::StrFormat("unknown sequence %d", seq_ids.at(i)));
-      }
-      pols[i] = it->second.get();
     }
     std::vector<SequenceId> ids(n);
     std::vector<int32_t> pos(n);
     for (int64_t i = 0; i < n; ++i) ids[i] = seq_ids.at(i), pos[i] = positions.at(i);
     int64_t evicted = 0, freed = 0, compressions = 0;
     std::vector<absl::StatusOr<std::vector<KeepSet>>> sets(n);
-    Check(WithoutGil([&]() -> absl::Status {
+    Check(Locked([&]() -> absl::Status {
+      std::vector<PolicyState*> pols(n);
+      for (int64_t i = 0; i < n; ++i) {
+        auto it = policies_.find(ids[i]);
+        if (it == policies_.end()) {
+          return absl::InvalidArgumentError(absl::StrFormat("unknown sequence %d", ids[i]));
+        }
+        pols[i] = it->second.get();
+      }
       if (scorer_ != nullptr) {
         // Every planned head of the step in one scorer call (the device's batch).
         std::vector<CompressTarget> targets(n);
@@ -251,45 +289,51 @@ class VllmKvCache {
     const int32_t d = s.head_dim, hkv = s.num_kv_heads, group = num_heads_ / hkv;
     const int64_t rows = seq_ids.size();
     if (query_lens.size() != rows) throw py::value_error("seq_ids and query_lens differ in size");
+    std::vector<SequenceId> ids(rows);
+    std::vector<int32_t> lens(rows);
     int64_t tokens = 0;
-    for (int64_t r = 0; r < rows; ++r) tokens += query_lens.at(r);
+    for (int64_t r = 0; r < rows; ++r) {
+      ids[r] = seq_ids.at(r);
+      lens[r] = query_lens.at(r);
+      if (lens[r] < 0) {
+        throw py::value_error(absl::StrFormat("row %d: negative query length %d", r, lens[r]));
+      }
+      tokens += lens[r];
+    }
     py_util::CheckShape<float>(q, "query", {py_util::AtLeast(tokens), num_heads_, d});
     py_util::CheckShape<float>(k, "key", {py_util::AtLeast(tokens), hkv, d});
     py_util::CheckShape<float>(v, "value", {py_util::AtLeast(tokens), hkv, d});
     py_util::CheckShape<float>(out, "output", {py_util::AtLeast(tokens), num_heads_, d});
     if (layer < 0 || layer >= s.num_layers) throw py::value_error("layer out of range");
-    for (int64_t r = 0; r < rows; ++r) {
-      if (!manager_->HasSequence(seq_ids.at(r)) || !policies_.contains(seq_ids.at(r))) {
-        throw py::value_error(
-            absl::StrFormat("row %d: sequence %d has no slots in the pool", r, seq_ids.at(r)));
-      }
-    }
     const float* qp = q.data();
     const float* kp = k.data();
     const float* vp = v.data();
     float* op = out.mutable_data();
-    Check(WithoutGil([&]() -> absl::Status {
+    Check(Locked([&]() -> absl::Status {
+      for (int64_t r = 0; r < rows; ++r) {
+        if (!manager_->HasSequence(ids[r]) || !policies_.contains(ids[r])) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("row %d: sequence %d has no slots in the pool", r, ids[r]));
+        }
+      }
       // Decode rows go through the paged kernel together; longer rows one by one.
       std::vector<int64_t> decode_rows, decode_tokens;
       int32_t max_blocks = 1;
       int64_t t0 = 0;
       for (int64_t r = 0; r < rows; ++r) {
-        const SequenceId id = seq_ids.at(r);
-        const int32_t n = query_lens.at(r);
-        WriteNewTokens(id, layer, n, kp + t0 * hkv * d, vp + t0 * hkv * d);
+        const SequenceId id = ids[r];
+        const int32_t n = lens[r];
+        BKV_RETURN_IF_ERROR(WriteNewTokens(id, layer, n, kp + t0 * hkv * d, vp + t0 * hkv * d));
         if (n == 1) {
           decode_rows.push_back(r);
           decode_tokens.push_back(t0);
           for (int32_t h = 0; h < hkv; ++h) {
-            max_blocks =
-                std::max<int32_t>(max_blocks, Unwrap(manager_->BlockTable(id, layer, h)).size());
+            BKV_ASSIGN_OR_RETURN(absl::Span<const BlockId> t, manager_->BlockTable(id, layer, h));
+            max_blocks = std::max<int32_t>(max_blocks, t.size());
           }
         } else if (n > 1) {
-          if (absl::Status st = CausalRow(id, layer, n, qp + t0 * num_heads_ * d, scale,
-                                          op + t0 * num_heads_ * d, group);
-              !st.ok()) {
-            return st;
-          }
+          BKV_RETURN_IF_ERROR(CausalRow(id, layer, n, qp + t0 * num_heads_ * d, scale,
+                                        op + t0 * num_heads_ * d, group));
         }
         t0 += n;
       }
@@ -298,13 +342,13 @@ class VllmKvCache {
         std::vector<int32_t> tables(nd * hkv * max_blocks, 0), lengths(nd * hkv);
         std::vector<float> dq(nd * num_heads_ * d), dout(nd * num_heads_ * d);
         for (int64_t i = 0; i < nd; ++i) {
-          const SequenceId id = seq_ids.at(decode_rows[i]);
+          const SequenceId id = ids[decode_rows[i]];
           std::copy_n(qp + decode_tokens[i] * num_heads_ * d, num_heads_ * d,
                       dq.data() + i * num_heads_ * d);
           for (int32_t h = 0; h < hkv; ++h) {
-            absl::Span<const BlockId> t = Unwrap(manager_->BlockTable(id, layer, h));
+            BKV_ASSIGN_OR_RETURN(absl::Span<const BlockId> t, manager_->BlockTable(id, layer, h));
             std::copy(t.begin(), t.end(), tables.data() + (i * hkv + h) * max_blocks);
-            lengths[i * hkv + h] = Unwrap(manager_->RetainedTokens(id, layer, h));
+            BKV_ASSIGN_OR_RETURN(lengths[i * hkv + h], manager_->RetainedTokens(id, layer, h));
           }
         }
         kernels::PagedAttentionShape shape{
@@ -317,30 +361,43 @@ class VllmKvCache {
                       op + decode_tokens[i] * num_heads_ * d);
         }
       }
-      return observe_ ? ObserveStep(layer, seq_ids, query_lens, qp) : absl::OkStatus();
+      return observe_ ? ObserveStep(layer, ids, lens, qp) : absl::OkStatus();
     }));
   }
 
   // Keys [n, head_dim] and positions [n] of one head, slot order (the policy's input).
   py::tuple ReadHead(SequenceId id, int32_t layer, int32_t kv_head) const {
-    const int32_t n = Unwrap(manager_->RetainedTokens(id, layer, kv_head));
     const int32_t d = shape().head_dim;
-    FloatArray keys({n, d});
+    std::vector<float> k;
+    std::vector<int32_t> p;
+    Locked([&] {
+      const int32_t n = Unwrap(manager_->RetainedTokens(id, layer, kv_head));
+      k.resize(static_cast<size_t>(n) * d);
+      p.resize(n);
+      for (int32_t t = 0; t < n; ++t) {
+        const SlotRef slot = Unwrap(manager_->Slot(id, layer, kv_head, t));
+        std::copy_n(store_->key(slot), d, k.data() + static_cast<size_t>(t) * d);
+        p[t] = store_->position(slot);
+      }
+    });
+    const auto n = static_cast<py::ssize_t>(p.size());
+    FloatArray keys({n, static_cast<py::ssize_t>(d)});
+    std::copy(k.begin(), k.end(), keys.mutable_data());
     py::array_t<int32_t> pos(n);
-    for (int32_t t = 0; t < n; ++t) {
-      const SlotRef slot = Unwrap(manager_->Slot(id, layer, kv_head, t));
-      std::copy_n(store_->key(slot), d, keys.mutable_data(t, 0));
-      pos.mutable_at(t) = store_->position(slot);
-    }
+    std::copy(p.begin(), p.end(), pos.mutable_data());
     return py::make_tuple(keys, pos);
   }
 
   py::array_t<int32_t> HeadTokens(SequenceId id) const {
     const KvShape& s = shape();
     py::array_t<int32_t> out({s.num_layers, s.num_kv_heads});
-    for (int32_t l = 0; l < s.num_layers; ++l)
-      for (int32_t h = 0; h < s.num_kv_heads; ++h)
-        out.mutable_at(l, h) = Unwrap(manager_->RetainedTokens(id, l, h));
+    std::vector<int32_t> tokens(static_cast<size_t>(s.num_layers) * s.num_kv_heads);
+    Locked([&] {
+      for (int32_t l = 0; l < s.num_layers; ++l)
+        for (int32_t h = 0; h < s.num_kv_heads; ++h)
+          tokens[l * s.num_kv_heads + h] = Unwrap(manager_->RetainedTokens(id, l, h));
+    });
+    std::copy(tokens.begin(), tokens.end(), out.mutable_data());
     return out;
   }
 
@@ -348,8 +405,7 @@ class VllmKvCache {
                          const std::map<std::pair<int32_t, int32_t>, std::vector<int32_t>>& keep) {
     std::vector<KeepSet> sets;
     for (const auto& [head, slots] : keep) sets.push_back({head.first, head.second, slots});
-    const CompactionPlan plan =
-        Unwrap(WithoutGil([&] { return manager_->ApplyKeepSets(id, sets); }));
+    const CompactionPlan plan = Unwrap(Locked([&] { return manager_->ApplyKeepSets(id, sets); }));
     py::dict out;
     out["tokens_evicted"] = plan.tokens_evicted;
     out["blocks_freed"] = plan.blocks_freed;
@@ -359,15 +415,15 @@ class VllmKvCache {
  private:
   // The policy of every row observes the step's queries of every (layer, kv_head): post-RoPE
   // as computed, pre-RoPE recovered by rotating back by the token's position.
-  absl::Status ObserveStep(int32_t layer, const IntArray& seq_ids, const IntArray& query_lens,
-                           const float* q) {
+  absl::Status ObserveStep(int32_t layer, absl::Span<const SequenceId> seq_ids,
+                           absl::Span<const int32_t> query_lens, const float* q) {
     const int32_t d = shape().head_dim, hkv = shape().num_kv_heads, group = num_heads_ / hkv;
     std::vector<float> pre(group * d), keys;
     std::vector<int32_t> positions;
     int64_t t0 = 0;
-    for (int64_t r = 0; r < seq_ids.size(); ++r) {
-      const SequenceId id = seq_ids.at(r);
-      const int32_t n = query_lens.at(r);
+    for (int64_t r = 0; r < static_cast<int64_t>(seq_ids.size()); ++r) {
+      const SequenceId id = seq_ids[r];
+      const int32_t n = query_lens[r];
       PolicyState& pol = *policies_.at(id);
       for (int32_t h = 0; h < hkv; ++h) {
         BKV_ASSIGN_OR_RETURN(const int32_t c, manager_->RetainedTokens(id, layer, h));
@@ -389,16 +445,23 @@ class VllmKvCache {
     return absl::OkStatus();
   }
 
-  void WriteNewTokens(SequenceId id, int32_t layer, int32_t n, const float* k, const float* v) {
+  absl::Status WriteNewTokens(SequenceId id, int32_t layer, int32_t n, const float* k,
+                              const float* v) {
     const int32_t d = shape().head_dim, hkv = shape().num_kv_heads;
     for (int32_t h = 0; h < hkv; ++h) {
-      const int32_t c = Unwrap(manager_->RetainedTokens(id, layer, h));
+      BKV_ASSIGN_OR_RETURN(const int32_t c, manager_->RetainedTokens(id, layer, h));
+      if (n > c) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "sequence %d: %d new tokens, but only %d slots allocated in layer %d head %d", id, n, c,
+            layer, h));
+      }
       for (int32_t i = 0; i < n; ++i) {
-        const SlotRef slot = Unwrap(manager_->Slot(id, layer, h, c - n + i));
+        BKV_ASSIGN_OR_RETURN(const SlotRef slot, manager_->Slot(id, layer, h, c - n + i));
         std::copy_n(k + (static_cast<int64_t>(i) * hkv + h) * d, d, store_->key(slot));
         std::copy_n(v + (static_cast<int64_t>(i) * hkv + h) * d, d, store_->value(slot));
       }
     }
+    return absl::OkStatus();
   }
 
   // Attention of n new query tokens over every retained slot whose position is not after
@@ -471,6 +534,7 @@ class VllmKvCache {
   std::unique_ptr<BlockManager> manager_;
   // "paged": compress_many scores through the device pipeline's CPU twin (ScoredKeepSets).
   std::unique_ptr<Scorer> scorer_;
+  mutable std::mutex mu_;  // held by every call's C++ work (Locked)
 };
 
 }  // namespace
@@ -497,7 +561,7 @@ void BindVllm(py::module_& m) {
            "Records a live sequence's peak blocks (dropped when it is freed).")
       .def_property_readonly("outstanding_blocks", &C::OutstandingBlocks,
                              "Blocks reserved sequences may still take.")
-      .def("has", [](C& c, SequenceId id) { return c.manager().HasSequence(id); })
+      .def("has", &C::Has, py::arg("seq_id"))
       .def("attention", &C::Attention, py::arg("layer"), py::arg("seq_ids"), py::arg("query_lens"),
            py::arg("query"), py::arg("key"), py::arg("value"), py::arg("output").noconvert(),
            py::arg("scale"), py::arg("num_threads") = 1,
@@ -514,12 +578,19 @@ void BindVllm(py::module_& m) {
            "[(seq, [(layer, kv_head, slots)])]).")
       .def("compress", &C::Compress, py::arg("seq_id"), py::arg("current_position"),
            "The policy on the heads at their trigger; emptied blocks are freed at once.")
-      .def_property_readonly("num_free_blocks", [](C& c) { return c.manager().NumFreeBlocks(); })
-      .def_property_readonly("num_used_blocks", [](C& c) { return c.manager().NumUsedBlocks(); })
-      .def_property_readonly("num_usable_blocks",
-                             [](C& c) { return c.manager().NumUsableBlocks(); })
-      .def_property_readonly("sequence_ids", [](C& c) { return c.manager().SequenceIds(); })
-      .def("verify_integrity", [](C& c) { Check(c.manager().VerifyIntegrity()); });
+      .def_property_readonly(
+          "num_free_blocks",
+          [](C& c) { return c.Locked([&] { return c.manager().NumFreeBlocks(); }); })
+      .def_property_readonly(
+          "num_used_blocks",
+          [](C& c) { return c.Locked([&] { return c.manager().NumUsedBlocks(); }); })
+      .def_property_readonly(
+          "num_usable_blocks",
+          [](C& c) { return c.Locked([&] { return c.manager().NumUsableBlocks(); }); })
+      .def_property_readonly(
+          "sequence_ids", [](C& c) { return c.Locked([&] { return c.manager().SequenceIds(); }); })
+      .def("verify_integrity",
+           [](C& c) { Check(c.Locked([&] { return c.manager().VerifyIntegrity(); })); });
 }
 
 }  // namespace beaconkv

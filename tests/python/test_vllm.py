@@ -22,6 +22,7 @@ from beaconkv.evaluate import load_problems  # noqa: E402
 from beaconkv.tokenizer import CharTokenizer  # noqa: E402
 
 MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny-reasoner")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 RUNNER = os.path.join(os.path.dirname(__file__), "vllm_runner.py")
 
 
@@ -377,3 +378,26 @@ def test_bench_reports_vllms_numbers_and_ours_in_both_layouts(tmp_path):
         assert r["peak_kv_blocks"] == 8 * 64 <= r["pool_blocks"]
         assert r["tokens_evicted"] > 0 and r["blocks_freed_by_eviction"] > 0
     assert runs["single"]["tokens_evicted"] == runs["multiprocess"]["tokens_evicted"]
+
+
+def test_step_breakdown_times_every_part_of_a_beacon_step(tmp_path):
+    out = tmp_path / "breakdown.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "vllm_step_breakdown.py"), "--model", MODEL,
+         "--dataset-name", "reasoning", "--num-prompts", "4", "--dtype", "float32",
+         "--kv-cache-memory-bytes", str(5 << 20), "--enforce-eager", "--seed", "0",
+         "--policy", "beacon", "--budget", "96", "--knob", "interval=32",
+         "--breakdown-json", str(out)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "ms per step" in proc.stdout and "our attention" in proc.stdout, proc.stdout
+    r = json.loads(out.read_text())
+    parts, steps = r["parts"], r["steps"]
+    layers = json.load(open(os.path.join(MODEL, "config.json")))["num_hidden_layers"]
+    assert steps > 0 and r["bench"]["tokens_evicted"] > 0
+    assert parts["our attention"]["calls"] == layers * steps  # every layer of every step
+    assert parts["our compression"]["calls"] == steps  # one compress_many per step
+    assert parts["model GEMMs"]["calls"] >= 4 * layers * steps  # qkv, o, gate_up, down
+    timed = sum(p["ms_per_step"] for k, p in parts.items() if k not in ("step", "rest (vLLM)"))
+    assert 0 < timed < parts["step"]["ms_per_step"]
+    assert parts["rest (vLLM)"]["ms_per_step"] > 0

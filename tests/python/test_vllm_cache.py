@@ -225,3 +225,98 @@ def test_compress_many_decides_as_compress_one_by_one(scorer):
         beaconkv.VllmKvCache(L, HKV, H, D, 4, 400, policy=cfg, scorer="cuda")
     with pytest.raises(ValueError, match="differ in size"):
         caches[1].compress_many(np.array([4], np.int32), np.array([30, 30], np.int32), 1)
+
+
+def test_a_second_thread_cannot_corrupt_or_crash_the_pool():
+    """attention and compress_many run without the GIL; a second thread that frees and
+    re-admits the same sequences meanwhile gets a clear error for a sequence that is gone,
+    never a crash, and the pool stays intact (every call holds the cache's lock)."""
+    import threading
+
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, 4, 4000,
+                                 policy=beaconkv.make_policy_config("beacon", 64, interval=8),
+                                 rope_theta=1e4, observe=True)
+    ids = list(range(1, 9))
+    prompt = 12
+    lock = threading.Lock()  # only to read `ids`' live set consistently in the test itself
+    live = set()
+
+    def admit(s):
+        assert cache.allocate(s, prompt, prompt)
+        rng = np.random.default_rng(s)
+        for layer in range(L):
+            q = rng.standard_normal((prompt, H, D), dtype=np.float32)
+            kv = rng.standard_normal((prompt, HKV, D), dtype=np.float32)
+            cache.attention(layer, np.array([s], np.int32), np.array([prompt], np.int32), q, kv,
+                            kv, np.empty_like(q), 0.3)
+
+    for s in ids:
+        admit(s)
+        live.add(s)
+    errors, unexpected, stop = [], [], threading.Event()
+
+    def decode():
+        rng = np.random.default_rng(0)
+        for step in range(400):
+            with lock:
+                rows = sorted(live)
+            try:
+                for s in rows:
+                    cache.allocate(s, 1, prompt)
+                seq = np.array(rows, np.int32)
+                ones = np.ones(len(rows), np.int32)
+                q = rng.standard_normal((len(rows), H, D), dtype=np.float32)
+                kv = rng.standard_normal((len(rows), HKV, D), dtype=np.float32)
+                for layer in range(L):
+                    cache.attention(layer, seq, ones, q, kv, kv, np.empty_like(q), 0.3,
+                                    num_threads=2)
+                cache.compress_many(seq, np.full(len(rows), prompt + step, np.int32), 2)
+            except ValueError as e:  # a row freed by the other thread in between
+                errors.append(str(e))
+            except Exception as e:  # noqa: BLE001 - anything else is a failure
+                unexpected.append(repr(e))
+        stop.set()
+
+    def churn():
+        i = 0
+        while not stop.is_set():
+            s = ids[i % len(ids)]
+            with lock:
+                live.discard(s)
+            cache.free(s)
+            admit(s)
+            with lock:
+                live.add(s)
+            i += 1
+
+    threads = [threading.Thread(target=decode), threading.Thread(target=churn)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not unexpected, unexpected[:3]
+    for e in errors:
+        assert "sequence" in e, e
+    cache.verify_integrity()
+    for s in ids:
+        cache.free(s)
+    assert cache.num_used_blocks == 0
+
+
+def test_attention_refuses_rows_it_has_no_slots_for():
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, 4, 100)
+    assert cache.allocate(1, 3, 3)
+    q = np.zeros((5, H, D), np.float32)
+    kv = np.zeros((5, HKV, D), np.float32)
+    with pytest.raises(ValueError, match="5 new tokens, but only 3 slots"):
+        cache.attention(0, np.array([1], np.int32), np.array([5], np.int32), q, kv, kv,
+                        np.empty_like(q), 0.3)
+    with pytest.raises(ValueError, match="negative query length"):
+        cache.attention(0, np.array([1], np.int32), np.array([-1], np.int32), q, kv, kv,
+                        np.empty_like(q), 0.3)
+    with pytest.raises(ValueError, match="sequence 2 has no slots"):
+        cache.attention(0, np.array([2], np.int32), np.array([1], np.int32), q, kv, kv,
+                        np.empty_like(q), 0.3)
+    cache.verify_integrity()
+    cache.free(1)
+    assert cache.num_used_blocks == 0
