@@ -52,8 +52,9 @@ T Unwrap(absl::StatusOr<T> v) {
   return *std::move(v);
 }
 
-// Runs `f` (plain C++: no Python objects, no exceptions expected) with the GIL released and
-// returns its result once the GIL is held again, so the caller converts statuses safely.
+// Runs `f` (plain C++: no Python objects) with the GIL released and returns its result once
+// the GIL is held again, so the caller converts statuses safely. Should `f` throw (Unwrap,
+// Check), the GIL is re-taken as the exception leaves and pybind11 translates it then.
 template <typename F>
 auto WithoutGil(F&& f) -> decltype(f()) {
   pybind11::gil_scoped_release release;

@@ -7,10 +7,11 @@
 //
 // Threads: attention and compression run with the GIL released, so a second Python thread may
 // call in meanwhile (free a sequence, admit another). Every method's C++ work runs under the
-// cache's one mutex (`Locked`: GIL released first, so the two locks are never taken in the
-// opposite order), and whatever it checks about a sequence it checks under that lock: a
-// sequence freed by another thread is then an ordinary "unknown sequence" error, never a
-// policy or block freed under a running call.
+// cache's one mutex (`Locked` releases the GIL first, so the two locks are never taken in the
+// opposite order; `LockedQuick` keeps the GIL only when the mutex is free at once), and
+// whatever it checks about a sequence it checks under that lock: a sequence freed by another
+// thread is then an ordinary "unknown sequence" error, never a policy or block freed under a
+// running call.
 #include <cblas.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -88,8 +89,10 @@ class VllmKvCache {
   const KvShape& shape() const { return manager_->shape(); }
   BlockManager& manager() { return *manager_; }
 
-  // Runs `f` under `mu_` with the GIL released; returns its result with the GIL held again.
-  // `f` must not touch Python objects, nor call another Locked method (mu_ is not recursive).
+  // Runs `f` under `mu_` with the GIL released (other Python threads run meanwhile); returns
+  // its result with the GIL held again. For the calls that do real work: attention,
+  // compression. `f` must not touch Python objects, nor call another Locked method (mu_ is
+  // not recursive); it may throw (Unwrap, Check): the lock is released, then the GIL re-taken.
   template <typename F>
   auto Locked(F&& f) const -> decltype(f()) {
     return WithoutGil([&] {
@@ -97,10 +100,21 @@ class VllmKvCache {
       return f();
     });
   }
+  // The same for bookkeeping of a few microseconds (what the scheduler asks per request): when
+  // mu_ is free it runs with the GIL held, since giving the GIL up and taking it back can cost
+  // more than the call (up to the 5 ms switch interval beside a busy Python thread); only when
+  // another call holds mu_ does it release the GIL to wait. A try-lock never waits, so holding
+  // the GIL here cannot deadlock with a thread that holds mu_.
+  template <typename F>
+  auto LockedQuick(F&& f) const -> decltype(f()) {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (lock.owns_lock()) return f();
+    return Locked(std::forward<F>(f));
+  }
 
   // Blocks that `n` more tokens of `id` would take (a new sequence if `id` is unknown).
   int32_t BlocksNeeded(SequenceId id, int32_t n) const {
-    return Locked([&] { return BlocksNeededLocked(id, n); });
+    return LockedQuick([&] { return BlocksNeededLocked(id, n); });
   }
   int32_t BlocksNeededLocked(SequenceId id, int32_t n) const {
     const KvShape& s = shape();
@@ -120,7 +134,7 @@ class VllmKvCache {
   bool Allocate(SequenceId id, int32_t n, int32_t prompt_len) {
     if (n < 0) throw py::value_error(absl::StrFormat("negative token count %d", n));
     if (n == 0) return true;
-    return Locked([&] {
+    return LockedQuick([&] {
       if (BlocksNeededLocked(id, n) > manager_->NumFreeBlocks()) return false;
       if (!manager_->HasSequence(id)) {
         std::unique_ptr<PolicyState> pol = Unwrap(NewPolicyState(policy_, geometry_, prompt_len));
@@ -134,7 +148,7 @@ class VllmKvCache {
   }
 
   void Free(SequenceId id) {
-    Locked([&] {
+    LockedQuick([&] {
       policies_.erase(id);
       reserved_.erase(id);
       if (manager_->HasSequence(id)) Check(manager_->FreeSequence(id));
@@ -142,7 +156,7 @@ class VllmKvCache {
   }
 
   bool Has(SequenceId id) const {
-    return Locked([&] { return manager_->HasSequence(id); });
+    return LockedQuick([&] { return manager_->HasSequence(id); });
   }
 
   // Reservation admission. The most blocks a sequence whose prefill is `prefill_len` tokens
@@ -158,7 +172,7 @@ class VllmKvCache {
   }
   // Records that `id` may grow to `blocks` (its peak); freed with the sequence.
   void Reserve(SequenceId id, int32_t blocks) {
-    Locked([&] {
+    LockedQuick([&] {
       if (!manager_->HasSequence(id)) {
         throw py::value_error(absl::StrFormat("reserve: unknown sequence %d", id));
       }
@@ -167,7 +181,7 @@ class VllmKvCache {
   }
   // Blocks the reserved sequences may still take: sum of max(0, peak - blocks held).
   int64_t OutstandingBlocks() const {
-    return Locked([&] {
+    return LockedQuick([&] {
       int64_t out = 0;
       for (const auto& [id, peak] : reserved_) {
         out += std::max<int64_t>(0, peak - Unwrap(manager_->NumBlocksOf(id)));
@@ -392,7 +406,7 @@ class VllmKvCache {
     const KvShape& s = shape();
     py::array_t<int32_t> out({s.num_layers, s.num_kv_heads});
     std::vector<int32_t> tokens(static_cast<size_t>(s.num_layers) * s.num_kv_heads);
-    Locked([&] {
+    LockedQuick([&] {
       for (int32_t l = 0; l < s.num_layers; ++l)
         for (int32_t h = 0; h < s.num_kv_heads; ++h)
           tokens[l * s.num_kv_heads + h] = Unwrap(manager_->RetainedTokens(id, l, h));
@@ -580,15 +594,16 @@ void BindVllm(py::module_& m) {
            "The policy on the heads at their trigger; emptied blocks are freed at once.")
       .def_property_readonly(
           "num_free_blocks",
-          [](C& c) { return c.Locked([&] { return c.manager().NumFreeBlocks(); }); })
+          [](C& c) { return c.LockedQuick([&] { return c.manager().NumFreeBlocks(); }); })
       .def_property_readonly(
           "num_used_blocks",
-          [](C& c) { return c.Locked([&] { return c.manager().NumUsedBlocks(); }); })
+          [](C& c) { return c.LockedQuick([&] { return c.manager().NumUsedBlocks(); }); })
       .def_property_readonly(
           "num_usable_blocks",
-          [](C& c) { return c.Locked([&] { return c.manager().NumUsableBlocks(); }); })
+          [](C& c) { return c.LockedQuick([&] { return c.manager().NumUsableBlocks(); }); })
       .def_property_readonly(
-          "sequence_ids", [](C& c) { return c.Locked([&] { return c.manager().SequenceIds(); }); })
+          "sequence_ids",
+          [](C& c) { return c.LockedQuick([&] { return c.manager().SequenceIds(); }); })
       .def("verify_integrity",
            [](C& c) { Check(c.Locked([&] { return c.manager().VerifyIntegrity(); })); });
 }
