@@ -555,6 +555,10 @@ class VllmKvCache {
 
 void BindVllm(py::module_& m) {
   using C = VllmKvCache;
+  // A property that reads the block manager under the cache's lock.
+  auto read = [](auto f) {
+    return [f](C& c) { return c.LockedQuick([&] { return f(c.manager()); }); };
+  };
   py::class_<C>(m, "VllmKvCache",
                 "Head-granular KV cache for beaconkv.vllm: per-step room and batched attention.")
       .def(py::init<int32_t, int32_t, int32_t, int32_t, int32_t, int32_t, py::object, double, bool,
@@ -592,18 +596,14 @@ void BindVllm(py::module_& m) {
            "[(seq, [(layer, kv_head, slots)])]).")
       .def("compress", &C::Compress, py::arg("seq_id"), py::arg("current_position"),
            "The policy on the heads at their trigger; emptied blocks are freed at once.")
-      .def_property_readonly(
-          "num_free_blocks",
-          [](C& c) { return c.LockedQuick([&] { return c.manager().NumFreeBlocks(); }); })
-      .def_property_readonly(
-          "num_used_blocks",
-          [](C& c) { return c.LockedQuick([&] { return c.manager().NumUsedBlocks(); }); })
-      .def_property_readonly(
-          "num_usable_blocks",
-          [](C& c) { return c.LockedQuick([&] { return c.manager().NumUsableBlocks(); }); })
-      .def_property_readonly(
-          "sequence_ids",
-          [](C& c) { return c.LockedQuick([&] { return c.manager().SequenceIds(); }); })
+      .def_property_readonly("num_free_blocks",
+                             read([](const BlockManager& m) { return m.NumFreeBlocks(); }))
+      .def_property_readonly("num_used_blocks",
+                             read([](const BlockManager& m) { return m.NumUsedBlocks(); }))
+      .def_property_readonly("num_usable_blocks",
+                             read([](const BlockManager& m) { return m.NumUsableBlocks(); }))
+      .def_property_readonly("sequence_ids",
+                             read([](const BlockManager& m) { return m.SequenceIds(); }))
       .def("verify_integrity",
            [](C& c) { Check(c.Locked([&] { return c.manager().VerifyIntegrity(); })); });
 }

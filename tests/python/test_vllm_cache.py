@@ -240,7 +240,7 @@ def test_a_second_thread_cannot_corrupt_or_crash_the_pool():
                                  rope_theta=1e4, observe=True)
     ids = list(range(1, 9))
     prompt = 12
-    lock = threading.Lock()  # only to read `ids`' live set consistently in the test itself
+    lock = threading.Lock()  # guards the test's own `live` set, not the cache
     live = set()
 
     def admit(s):
