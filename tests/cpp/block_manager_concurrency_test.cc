@@ -18,6 +18,8 @@ namespace {
 
 constexpr int kWorkers = 4;
 constexpr int kOpsPerWorker = 1500;
+constexpr SequenceId kIdsPerWorker = 1'000'000;
+static_assert(kIdsPerWorker > kOpsPerWorker, "worker id ranges must not meet");
 
 struct WorkerResult {
   int64_t ok_ops = 0;
@@ -25,7 +27,8 @@ struct WorkerResult {
   std::string error;      // first unexpected status, with the seed
 };
 
-// Worker `w` owns sequence ids w*1000 .. w*1000+7 and applies random operations to them.
+// Worker `w` draws its sequence ids from its own range, w * kIdsPerWorker upward (at most one
+// new id per operation, so the ranges never meet), and applies random operations to them.
 void Work(BlockManager& bm, int w, uint32_t seed, WorkerResult* out) {
   std::mt19937 rng(seed);
   const KvShape& shape = bm.shape();
@@ -41,7 +44,7 @@ void Work(BlockManager& bm, int w, uint32_t seed, WorkerResult* out) {
     }
     return s.ok();
   };
-  SequenceId next_id = w * 1000;
+  SequenceId next_id = w * kIdsPerWorker;
   for (int op = 0; op < kOpsPerWorker && out->error.empty(); ++op) {
     const int kind = live.empty() ? 0 : pick(7);
     if (kind == 0 && live.size() < 8) {
