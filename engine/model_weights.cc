@@ -130,9 +130,10 @@ absl::StatusOr<ModelWeights> LoadModelWeightsFrom(const ModelConfig& config,
   ModelWeights w;
   w.config = config;
   BKV_RETURN_IF_ERROR(reader.Read("model.embed_tokens.weight", {vocab, hidden}, &w.embed));
-  w.layers.resize(config.num_layers);
+  // One layer at a time, never sized up front: a config claiming millions of layers fails at
+  // the first missing tensor instead of allocating for all of them.
   for (int32_t i = 0; i < config.num_layers; ++i) {
-    BKV_RETURN_IF_ERROR(LoadLayer(config, i, reader, w.layers[i]));
+    BKV_RETURN_IF_ERROR(LoadLayer(config, i, reader, w.layers.emplace_back()));
   }
   BKV_RETURN_IF_ERROR(reader.Read("model.norm.weight", {hidden}, &w.final_norm));
   if (config.tie_word_embeddings) {

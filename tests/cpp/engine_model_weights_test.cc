@@ -271,6 +271,18 @@ TEST(ModelWeightsErrorTest, ExtraLayerIsRejected) {
                   {"'model.layers.2.input_layernorm.weight'", "num_hidden_layers=2"});
 }
 
+TEST(ModelWeightsErrorTest, HugeLayerCountFailsAtTheFirstMissingLayer) {
+  // A config claiming ~2 billion layers over a file with 2: a clear error at layer 2, without
+  // first allocating room for every claimed layer (which under ASan would abort on memory).
+  TinyModel m = MakeTinyModel(Arch::kLlama, false);
+  const std::string from = R"("num_hidden_layers":2,)";
+  const size_t at = m.config_json.find(from);
+  ASSERT_NE(at, std::string::npos);
+  m.config_json.replace(at, from.size(), R"("num_hidden_layers":2000000000,)");
+  ExpectLoadError(m, absl::StatusCode::kNotFound, "model.safetensors",
+                  {"'model.layers.2.input_layernorm.weight' is missing"});
+}
+
 TEST(ModelWeightsErrorTest, UnsupportedBiasIsRejected) {
   TinyModel m = MakeTinyModel(Arch::kQwen2, false);
   m.tensors.push_back({"model.layers.0.self_attn.o_proj.bias", {4}, {1, 2, 3, 4}});

@@ -375,7 +375,13 @@ def test_bench_reports_vllms_numbers_and_ours_in_both_layouts(tmp_path):
         # Reservation: every request admitted at its peak, all 8 at once, none preempted;
         # eviction (worker-side in the multi-process layout) reaches the scheduler's pool.
         assert r["max_running"] == 8 and r["preemptions"] == 0
-        assert r["peak_kv_blocks"] == 8 * 64 <= r["pool_blocks"]
+        # Single process: all 8 enter on the first step, so their peaks coincide. Across
+        # processes requests reach the EngineCore while it already steps, so their peaks may
+        # not: only the reservation's bound holds exactly there.
+        if lay == "single":
+            assert r["peak_kv_blocks"] == 8 * 64 <= r["pool_blocks"]
+        else:
+            assert 7 * 64 < r["peak_kv_blocks"] <= 8 * 64 <= r["pool_blocks"]
         assert r["tokens_evicted"] > 0 and r["blocks_freed_by_eviction"] > 0
     assert runs["single"]["tokens_evicted"] == runs["multiprocess"]["tokens_evicted"]
 
