@@ -14,8 +14,8 @@ Each run's JSON (vLLM's keys plus the bench's: scheduling statistics and output 
 the round) goes to OUT/<label>.json; the table is rebuilt from every JSON in OUT.
 
 Usage: python3 tools/vllm_sweep.py [--memories-mib 9,12,16] [--policies beacon:96:32]
-       [--rounds 2] [--first-round 1] [--num-prompts 128] [--layout single] [--out DIR] [--table-only]
-       [--dry-run]
+       [--rounds 2] [--first-round 1] [--num-prompts 128] [--layout single] [--disable-detokenize]
+       [--out DIR] [--table-only] [--dry-run]
 Policy specs are NAME[:BUDGET[:INTERVAL[:KNOB=VALUE+KNOB=VALUE...]]] (``stock`` runs in every
 round anyway), e.g. ``beacon:112:16:draw_on_fill=true``.
 """
@@ -74,6 +74,8 @@ def bench_command(python: str, spec, memory_mib: int, args, out_json: str) -> li
         cmd += ["--knob", f"interval={interval}"]
     for k in knobs:
         cmd += ["--knob", k]
+    if getattr(args, "disable_detokenize", False):
+        cmd.append("--disable-detokenize")  # vLLM's harness flag: outputs stay token ids
     return cmd
 
 
@@ -99,7 +101,8 @@ def run(args) -> None:
                     raise RuntimeError(f"{label} failed:\n{proc.stderr[-3000:]}")
                 with open(path, encoding="utf-8") as f:
                     data = json.load(f)
-                data.update(label=label, round=rnd, memory_mib=mem, started=started)
+                data.update(label=label, round=rnd, memory_mib=mem, started=started,
+                            disable_detokenize=args.disable_detokenize)
                 with open(path, "w", encoding="utf-8") as f:
                     json.dump(data, f, indent=1)
                 print(f"{started} {label}: {data['output_tokens_per_second']:.0f} output tok/s, "
@@ -172,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layout", choices=["single", "multiprocess"], default="single")
+    p.add_argument("--disable-detokenize", action="store_true",
+                   help="pass vLLM's --disable-detokenize to every run (stock and policies "
+                   "alike); keep such runs in their own OUT")
     p.add_argument("--out", default=os.path.join("docs", "results", "vllm", "sweep", "latest"))
     p.add_argument("--table-only", action="store_true", help="rebuild the table from OUT")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

@@ -102,6 +102,15 @@ def test_first_round_adds_later_rounds(tmp_path, capsys):
     assert rc == 0
     cmds = [l for l in capsys.readouterr().out.splitlines() if l.strip()]
     assert len(cmds) == 2 and all("_r3.json" in c for c in cmds)
+    assert not any("--disable-detokenize" in c for c in cmds)
+
+
+def test_disable_detokenize_reaches_every_run(tmp_path, capsys):
+    rc = sweep.main(["--python", sys.executable, "--memories-mib", "6", "--rounds", "2",
+                     "--disable-detokenize", "--out", str(tmp_path), "--dry-run"])
+    assert rc == 0
+    cmds = [l.split() for l in capsys.readouterr().out.splitlines() if l.strip()]
+    assert len(cmds) == 4 and all(c[-1] == "--disable-detokenize" for c in cmds)
 
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path):
