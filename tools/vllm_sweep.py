@@ -74,7 +74,7 @@ def bench_command(python: str, spec, memory_mib: int, args, out_json: str) -> li
         cmd += ["--knob", f"interval={interval}"]
     for k in knobs:
         cmd += ["--knob", k]
-    if getattr(args, "disable_detokenize", False):
+    if args.disable_detokenize:
         cmd.append("--disable-detokenize")  # vLLM's harness flag: outputs stay token ids
     return cmd
 

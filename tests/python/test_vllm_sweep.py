@@ -31,7 +31,8 @@ def test_policy_specs():
     assert spec == ("beacon", 112, 16, ("draw_on_fill=true", "n_recent=32"))
     assert sweep.label_of(spec, 9, 2) == "beacon_b112_i16_draw_on_fill-true_n_recent-32_9M_r2"
     cmd = sweep.bench_command("py", spec, 9, type("A", (), {"model": "m", "num_prompts": 4,
-                                                            "seed": 0, "layout": "single"}), "o")
+                                                            "seed": 0, "layout": "single",
+                                                            "disable_detokenize": False}), "o")
     knobs = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--knob"]
     assert knobs == ["interval=16", "draw_on_fill=true", "n_recent=32"]
     for bad in ["", ":96", "beacon:x", "beacon:96:32:1", "beacon:0", "beacon:96:32:a=1:b=2",
