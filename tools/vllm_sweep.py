@@ -17,7 +17,8 @@ Usage: python3 tools/vllm_sweep.py [--memories-mib 9,12,16] [--policies beacon:9
        [--rounds 2] [--first-round 1] [--num-prompts 128] [--layout single] [--disable-detokenize]
        [--out DIR] [--table-only] [--dry-run]
 Policy specs are NAME[:BUDGET[:INTERVAL[:KNOB=VALUE+KNOB=VALUE...]]] (``stock`` runs in every
-round anyway), e.g. ``beacon:112:16:draw_on_fill=true``.
+round anyway), e.g. ``beacon:112:16:draw_on_fill=true``; the knob ``block_tokens=N`` is
+not the policy's but the pool's block size (the bench's ``--block-tokens``, default 16).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
+BLOCK_TOKENS = "block_tokens"  # the spec knob that sets the pool's block size, not the policy's
 
 
 def parse_spec(spec: str) -> tuple[str, int | None, int | None, tuple[str, ...]]:
@@ -73,7 +75,8 @@ def bench_command(python: str, spec, memory_mib: int, args, out_json: str) -> li
     if interval is not None:
         cmd += ["--knob", f"interval={interval}"]
     for k in knobs:
-        cmd += ["--knob", k]
+        name, value = k.split("=")
+        cmd += ["--block-tokens", value] if name == BLOCK_TOKENS else ["--knob", k]
     if args.disable_detokenize:
         cmd.append("--disable-detokenize")  # vLLM's harness flag: outputs stay token ids
     return cmd
