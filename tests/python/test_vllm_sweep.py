@@ -30,17 +30,15 @@ def test_policy_specs():
     spec = sweep.parse_spec("beacon:112:16:draw_on_fill=true+n_recent=32")
     assert spec == ("beacon", 112, 16, ("draw_on_fill=true", "n_recent=32"))
     assert sweep.label_of(spec, 9, 2) == "beacon_b112_i16_draw_on_fill-true_n_recent-32_9M_r2"
-    cmd = sweep.bench_command("py", spec, 9, type("A", (), {"model": "m", "num_prompts": 4,
-                                                            "seed": 0, "layout": "single",
-                                                            "disable_detokenize": False}), "o")
+    args = type("A", (), {"model": "m", "num_prompts": 4, "seed": 0, "layout": "single",
+                          "disable_detokenize": False})
+    cmd = sweep.bench_command("py", spec, 9, args, "o")
     knobs = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--knob"]
     assert knobs == ["interval=16", "draw_on_fill=true", "n_recent=32"]
     assert "--block-tokens" not in cmd  # the bench's default block size
     spec = sweep.parse_spec("beacon:104:16:block_tokens=8")
     assert sweep.label_of(spec, 6, 1) == "beacon_b104_i16_block_tokens-8_6M_r1"
-    cmd = sweep.bench_command("py", spec, 6, type("A", (), {"model": "m", "num_prompts": 4,
-                                                            "seed": 0, "layout": "single",
-                                                            "disable_detokenize": False}), "o")
+    cmd = sweep.bench_command("py", spec, 6, args, "o")
     assert cmd[cmd.index("--block-tokens") + 1] == "8"  # the pool's, not a policy knob
     assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--knob"] == ["interval=16"]
     for bad in ["", ":96", "beacon:x", "beacon:96:32:1", "beacon:0", "beacon:96:32:a=1:b=2",
