@@ -140,9 +140,11 @@ class VllmKvCache {
         std::unique_ptr<PolicyState> pol = Unwrap(NewPolicyState(policy_, geometry_, prompt_len));
         Check(manager_->AddSequence(id, n));
         policies_[id] = std::move(pol);
+        steps_[id] = Steps{prompt_len, n};
         return true;
       }
       for (int32_t i = 0; i < n; ++i) Check(manager_->AppendToken(id));
+      steps_[id].last_tokens = n;
       return true;
     });
   }
@@ -150,7 +152,7 @@ class VllmKvCache {
   void Free(SequenceId id) {
     LockedQuick([&] {
       policies_.erase(id);
-      reserved_.erase(id);
+      steps_.erase(id);
       if (manager_->HasSequence(id)) Check(manager_->FreeSequence(id));
     });
   }
@@ -170,24 +172,77 @@ class VllmKvCache {
     const int64_t bs = shape().block_size;
     return static_cast<int32_t>(shape().num_heads_total() * ((tokens + bs - 1) / bs));
   }
-  // Records that `id` may grow to `blocks` (its peak); freed with the sequence.
-  void Reserve(SequenceId id, int32_t blocks) {
+  // Records that `id` (live), whose prefill is `prefill_len` tokens (more than it holds when its
+  // prefill comes in chunks), may grow to `max_total` tokens; dropped when it is freed.
+  void Reserve(SequenceId id, int64_t max_total, int32_t prefill_len) {
     LockedQuick([&] {
       if (!manager_->HasSequence(id)) {
         throw py::value_error(absl::StrFormat("reserve: unknown sequence %d", id));
       }
-      reserved_[id] = blocks;
+      steps_[id].max_total = max_total;
+      steps_[id].prefill_len = prefill_len;
     });
   }
-  // Blocks the reserved sequences may still take: sum of max(0, peak - blocks held).
-  int64_t OutstandingBlocks() const {
+
+  // Reservation admission: whether a new sequence whose prefill is `prefill_len` tokens, which
+  // ends by `max_total` tokens and asks for `num_tokens` now, fits now and at every coming step
+  // beside the reserved sequences, each head following its policy's trigger (AddBlockDemand).
+  // Heads of different sequences peak at different steps, so this admits more than reserving
+  // every sequence's peak at once. A sequence alone only needs room now; without a per-head
+  // trigger (no reservation), room now is the rule.
+  bool Admits(int32_t prefill_len, int64_t max_total, int32_t num_tokens) const {
+    if (prefill_len < 0 || num_tokens < 0 || max_total < 0) {
+      throw py::value_error(absl::StrFormat(
+          "admits: negative length (prefill_len %d, max_total %d, num_tokens %d)", prefill_len,
+          max_total, num_tokens));
+    }
     return LockedQuick([&] {
-      int64_t out = 0;
-      for (const auto& [id, peak] : reserved_) {
-        out += std::max<int64_t>(0, peak - Unwrap(manager_->NumBlocksOf(id)));
-      }
-      return out;
+      if (BlocksNeededLocked(-1, num_tokens) > manager_->NumFreeBlocks()) return false;
+      if (manager_->NumUsedBlocks() == 0) return true;
+      std::vector<int64_t> demand = DemandLocked();
+      if (demand.empty()) return true;
+      const std::vector<int32_t> heads(shape().num_heads_total(), prefill_len);
+      AddBlockDemand(policy_, shape().block_size,
+                     {heads, false, std::max<int64_t>(0, max_total - prefill_len)},
+                     absl::MakeSpan(demand));
+      return *std::max_element(demand.begin(), demand.end()) <=
+             manager_->NumUsedBlocks() + manager_->NumFreeBlocks();
     });
+  }
+
+  // The blocks the live sequences hold at each of the next steps (BlockDemandHorizon of them;
+  // reserved sequences along their heads' cycles, others as they are now); empty when the
+  // policy has no per-head trigger.
+  std::vector<int64_t> BlockDemand() const {
+    return LockedQuick([&] { return DemandLocked(); });
+  }
+  std::vector<int64_t> DemandLocked() const {
+    const std::optional<int64_t> horizon = BlockDemandHorizon(policy_);
+    if (!horizon) return {};
+    std::vector<int64_t> demand(*horizon, 0);
+    std::vector<int32_t> heads(shape().num_heads_total());
+    for (SequenceId id : manager_->SequenceIds()) {
+      const Steps& st = steps_.at(id);
+      if (st.max_total < 0) {
+        const int32_t held = Unwrap(manager_->NumBlocksOf(id));
+        for (int64_t& d : demand) d += held;
+        continue;
+      }
+      const int64_t total = Unwrap(manager_->NextPosition(id));
+      // The rest of a prefill in chunks may come at the next step: counted from now on.
+      const int32_t pending = static_cast<int32_t>(std::max<int64_t>(0, st.prefill_len - total));
+      for (int32_t l = 0, i = 0; l < shape().num_layers; ++l)
+        for (int32_t h = 0; h < shape().num_kv_heads; ++h, ++i) {
+          heads[i] = Unwrap(manager_->RetainedTokens(id, l, h)) + pending;
+        }
+      // The engine and the scheduler run the policy after a sequence's decode steps: one
+      // token past its prompt.
+      const bool decoding = pending == 0 && st.last_tokens == 1 && total > st.prompt_len;
+      AddBlockDemand(policy_, shape().block_size,
+                     {heads, decoding, std::max<int64_t>(0, st.max_total - total - pending)},
+                     absl::MakeSpan(demand));
+    }
+    return demand;
   }
 
   // Runs the sequence's policy on every layer's heads at their trigger (as the reference
@@ -543,7 +598,13 @@ class VllmKvCache {
   PolicyGeometry geometry_;
   std::unique_ptr<Rope> rope_;
   absl::flat_hash_map<SequenceId, std::unique_ptr<PolicyState>> policies_;  // [live sequences]
-  absl::flat_hash_map<SequenceId, int32_t> reserved_;  // peak blocks of admitted sequences
+  struct Steps {                // what reservation admission needs of a live sequence
+    int32_t prompt_len = 0;     // as given to its first Allocate
+    int32_t last_tokens = 0;    // tokens its last allocation added (1 past the prompt: decoding)
+    int64_t max_total = -1;     // tokens it ends by (Reserve); -1: not reserved
+    int32_t prefill_len = 0;    // its whole prefill (Reserve)
+  };
+  absl::flat_hash_map<SequenceId, Steps> steps_;  // [live sequences]
   std::unique_ptr<CpuKvStore> store_;
   std::unique_ptr<BlockManager> manager_;
   // "paged": compress_many scores through the device pipeline's CPU twin (ScoredKeepSets).
@@ -575,10 +636,17 @@ void BindVllm(py::module_& m) {
       .def("free", &C::Free, py::arg("seq_id"), "Frees a sequence (unknown ids are ignored).")
       .def("peak_blocks", &C::PeakBlocks, py::arg("prefill_len"), py::arg("max_total"),
            "Most blocks a sequence ever holds under the policy, or None when unbounded.")
-      .def("reserve", &C::Reserve, py::arg("seq_id"), py::arg("blocks"),
-           "Records a live sequence's peak blocks (dropped when it is freed).")
-      .def_property_readonly("outstanding_blocks", &C::OutstandingBlocks,
-                             "Blocks reserved sequences may still take.")
+      .def("reserve", &C::Reserve, py::arg("seq_id"), py::arg("max_total"),
+           py::arg("prefill_len") = 0,
+           "Records that a live sequence (whose whole prefill is prefill_len tokens) may grow "
+           "to max_total tokens (dropped when it is freed); admits() then follows its heads' "
+           "cycles.")
+      .def("admits", &C::Admits, py::arg("prefill_len"), py::arg("max_total"),
+           py::arg("num_tokens"),
+           "Whether a new sequence fits now and at every coming step beside the reserved ones.")
+      .def("block_demand", &C::BlockDemand,
+           "Blocks the live sequences hold at each of the next steps (reserved ones along their "
+           "heads' cycles); empty without a per-head trigger.")
       .def("has", &C::Has, py::arg("seq_id"))
       .def("attention", &C::Attention, py::arg("layer"), py::arg("seq_ids"), py::arg("query_lens"),
            py::arg("query"), py::arg("key"), py::arg("value"), py::arg("output").noconvert(),

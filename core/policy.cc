@@ -155,13 +155,9 @@ absl::StatusOr<std::vector<KeepSet>> PolicyState::CompressScored(int32_t layer,
   return internal::SelectScoredHeads(layer, scored, hooks.mode, hooks.budget);
 }
 
-std::optional<int64_t> PeakHeadTokens(const PolicyConfig& config, int32_t prompt_len) {
-  auto bound = [&](int64_t budget, int64_t interval) -> std::optional<int64_t> {
-    // Due once a head holds budget + interval; the first decode step follows the prefill.
-    return std::max<int64_t>(int64_t{prompt_len} + 1, budget + interval);
-  };
+std::optional<HeadTrigger> UniformHeadTrigger(const PolicyConfig& config) {
   return std::visit(
-      [&](const auto& c) -> std::optional<int64_t> {
+      [&](const auto& c) -> std::optional<HeadTrigger> {
         using C = std::decay_t<decltype(c)>;
         if constexpr (std::is_same_v<C, FullConfig> || std::is_same_v<C, RpcConfig>) {
           return std::nullopt;
@@ -169,10 +165,43 @@ std::optional<int64_t> PeakHeadTokens(const PolicyConfig& config, int32_t prompt
           if constexpr (requires { c.budget_mode; }) {
             if (c.budget_mode != BudgetMode::kUniform) return std::nullopt;
           }
-          return bound(c.budget, c.interval);
+          return HeadTrigger{c.budget, c.interval};
         }
       },
       config);
+}
+
+std::optional<int64_t> PeakHeadTokens(const PolicyConfig& config, int32_t prompt_len) {
+  const std::optional<HeadTrigger> t = UniformHeadTrigger(config);
+  if (!t) return std::nullopt;
+  // Due once a head holds budget + interval; the first decode step follows the prefill.
+  return std::max<int64_t>(int64_t{prompt_len} + 1, t->budget + t->interval);
+}
+
+bool AddBlockDemand(const PolicyConfig& config, int32_t block_size, const HeadOutlook& seq,
+                    absl::Span<int64_t> demand) {
+  const std::optional<HeadTrigger> t = UniformHeadTrigger(config);
+  if (!t || demand.empty()) return t.has_value();
+  const int64_t bs = block_size, due = t->budget + t->interval;
+  const int64_t last = std::min<int64_t>(static_cast<int64_t>(demand.size()) - 1,
+                                         std::max<int64_t>(0, seq.steps_left));
+  for (const int32_t held : seq.head_tokens) {
+    int64_t c = held;
+    demand[0] += (c + bs - 1) / bs;
+    if (seq.compresses_now && c >= due) c = t->budget;
+    for (int64_t k = 1; k <= last; ++k) {
+      ++c;
+      demand[k] += (c + bs - 1) / bs;
+      if (c >= due) c = t->budget;
+    }
+  }
+  return true;
+}
+
+std::optional<int64_t> BlockDemandHorizon(const PolicyConfig& config) {
+  const std::optional<HeadTrigger> t = UniformHeadTrigger(config);
+  if (!t) return std::nullopt;
+  return t->budget + 2 * t->interval + 1;  // steps 0 .. budget + 2 * interval
 }
 
 absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,

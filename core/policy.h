@@ -191,6 +191,36 @@ class PolicyState {
 // to reserve a sequence's peak instead of preempting later.
 std::optional<int64_t> PeakHeadTokens(const PolicyConfig& config, int32_t prompt_len);
 
+// The per-head trigger behind PeakHeadTokens: a head compressed back to `budget` once it holds
+// budget + interval tokens. nullopt where PeakHeadTokens is.
+struct HeadTrigger {
+  int64_t budget = 0;
+  int64_t interval = 1;
+};
+std::optional<HeadTrigger> UniformHeadTrigger(const PolicyConfig& config);
+
+// Reservation admission by the pool's future high point instead of the sum of every
+// sequence's peak: heads of different sequences reach budget + interval at different steps,
+// so the pool's demand stays below that sum. One admitted sequence, now:
+struct HeadOutlook {
+  absl::Span<const int32_t> head_tokens;  // tokens each of its heads holds
+  bool compresses_now = false;  // this step is one of its decode steps: the trigger runs after it
+  int64_t steps_left = 0;       // decode steps it may still take (to its max length)
+};
+// Adds to demand[k] the blocks of `block_size` tokens the sequence holds at step k from now:
+// k = 0 now, k >= 1 after the k-th next step's append and before that step's compression (the
+// step's high point), nothing once it has ended. Exact when the policy runs after every
+// decode step and the sequence advances one token per step (the engine and the vLLM backend,
+// decoding); a step it skips or a prefill in chunks shifts its cycle. Returns false (demand
+// unchanged) when `config` has no UniformHeadTrigger.
+bool AddBlockDemand(const PolicyConfig& config, int32_t block_size, const HeadOutlook& seq,
+                    absl::Span<int64_t> demand);
+// The steps of demand that hold its maximum over all time: within budget + interval steps every
+// head is in its budget .. budget + interval cycle, which repeats every `interval` steps for
+// every sequence under `config`, and a sequence that ends only lowers later steps. nullopt
+// without a UniformHeadTrigger.
+std::optional<int64_t> BlockDemandHorizon(const PolicyConfig& config);
+
 // Validates config and geometry (kInvalidArgument with the reason) and creates the state.
 absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,
                                                             const PolicyGeometry& geometry,

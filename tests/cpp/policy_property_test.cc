@@ -358,5 +358,61 @@ TEST(PeakHeadTokensTest, PerHeadBoundOrNone) {
   EXPECT_EQ(PeakHeadTokens(pooled, 5), std::nullopt);
 }
 
+// AddBlockDemand, worked by hand: budget 2, interval 2, blocks of one token (blocks = tokens).
+TEST(BlockDemandTest, FollowsEachHeadsCycleUntilTheSequenceEnds) {
+  StreamingConfig c;
+  c.budget = 2;
+  c.interval = 2;
+  ASSERT_EQ(BlockDemandHorizon(c), 7);  // steps 0 .. budget + 2 * interval
+  std::vector<int64_t> demand(7, 0);
+  const std::vector<int32_t> three = {3};
+  // 3 now; 4 after the next append (due: back to 2), 3, 4, ...; nothing after 5 more steps.
+  ASSERT_TRUE(AddBlockDemand(c, 1, {three, false, 5}, absl::MakeSpan(demand)));
+  EXPECT_EQ(demand, (std::vector<int64_t>{3, 4, 3, 4, 3, 4, 0}));
+  // A head at its trigger on a decode step is compressed before the next append.
+  const std::vector<int32_t> four_and_one = {4, 1};
+  std::fill(demand.begin(), demand.end(), 0);
+  ASSERT_TRUE(AddBlockDemand(c, 1, {four_and_one, true, 100}, absl::MakeSpan(demand)));
+  // head 4: 4, 3, 4, 3, ...; head 1 ramps 2, 3, 4, then cycles 3, 4, ...
+  EXPECT_EQ(demand, (std::vector<int64_t>{5, 5, 7, 7, 7, 7, 7}));
+  // Not on a decode step (a prefill): head 4 first grows to 5, then cycles 3, 4, ... in the
+  // other phase, so the two heads' highs now fall on the same steps.
+  std::fill(demand.begin(), demand.end(), 0);
+  ASSERT_TRUE(AddBlockDemand(c, 1, {four_and_one, false, 100}, absl::MakeSpan(demand)));
+  EXPECT_EQ(demand, (std::vector<int64_t>{5, 7, 6, 8, 6, 8, 6}));
+  // Blocks of 2 tokens round each head up.
+  std::fill(demand.begin(), demand.end(), 0);
+  ASSERT_TRUE(AddBlockDemand(c, 2, {three, false, 2}, absl::MakeSpan(demand)));
+  EXPECT_EQ(demand, (std::vector<int64_t>{2, 2, 2, 0, 0, 0, 0}));
+  // No per-head trigger: nothing to add.
+  std::fill(demand.begin(), demand.end(), 0);
+  EXPECT_FALSE(AddBlockDemand(FullConfig{}, 1, {three, false, 5}, absl::MakeSpan(demand)));
+  EXPECT_EQ(demand, std::vector<int64_t>(7, 0));
+  EXPECT_EQ(BlockDemandHorizon(FullConfig{}), std::nullopt);
+}
+
+// The horizon holds the maximum of any mix of sequences over all time (here 3,000 steps).
+TEST(BlockDemandTest, HorizonHoldsTheMaximumOverAllTime) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    BeaconConfig c;
+    c.budget = 1 + static_cast<int32_t>(rng() % 40);
+    c.interval = 1 + static_cast<int32_t>(rng() % 20);
+    const int32_t bs = 1 + static_cast<int32_t>(rng() % 8);
+    std::vector<int64_t> demand(3000, 0);
+    const int n = 1 + static_cast<int>(rng() % 6);
+    for (int i = 0; i < n; ++i) {
+      std::vector<int32_t> heads(1 + rng() % 4);
+      for (int32_t& h : heads) h = static_cast<int32_t>(rng() % (3 * (c.budget + c.interval)));
+      ASSERT_TRUE(AddBlockDemand(c, bs, {heads, rng() % 2 == 0, int64_t(rng() % 400)},
+                                 absl::MakeSpan(demand)));
+    }
+    const int64_t h = *BlockDemandHorizon(c);
+    EXPECT_EQ(*std::max_element(demand.begin(), demand.begin() + h),
+              *std::max_element(demand.begin(), demand.end()))
+        << "budget " << c.budget << " interval " << c.interval << " block " << bs;
+  }
+}
+
 }  // namespace
 }  // namespace beaconkv

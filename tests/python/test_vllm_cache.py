@@ -118,12 +118,35 @@ def test_beacon_compression_frees_blocks_and_keeps_the_pool_intact():
                         np.zeros((1, HKV, D), np.float32), np.zeros((1, H, D), np.float32), 1.0)
 
 
-def test_peak_blocks_bound_what_a_head_holds_and_reservations_count_the_rest():
-    rng = np.random.default_rng(9)
+def _small_beacon(budget=8, interval=4):
+    return beaconkv.policy_config("beacon", budget=budget, interval=interval, n_recent=2,
+                                  n_sinks=1, n_beacons=2, buffer_min=4, buffer_max=8)
+
+
+def _forward(cache, rng, rows, total):
+    """The rest of an engine step over rows [(seq, new tokens)] whose room is allocated: every
+    layer's attention, then the policy on the decode rows (as the scheduler runs it; `total`:
+    each sequence's tokens so far). Returns the blocks in use at the step's high point (after
+    the append, before compression)."""
+    seqs = np.array([s for s, _ in rows], np.int32)
+    lens = np.array([n for _, n in rows], np.int32)
+    t = int(lens.sum())
+    for layer in range(L):
+        cache.attention(layer, seqs, lens, rng.standard_normal((t, H, D)).astype(np.float32),
+                        rng.standard_normal((t, HKV, D)).astype(np.float32),
+                        rng.standard_normal((t, HKV, D)).astype(np.float32),
+                        np.zeros((t, H, D), np.float32), 0.35)
+    high = cache.num_used_blocks
+    for seq, n in rows:
+        if n == 1:
+            cache.compress(seq, total[seq] - 1)
+    return high
+
+
+def test_peak_blocks_bound_what_a_head_holds():
     budget, interval, bs = 8, 4, 4
-    cfg = beaconkv.policy_config("beacon", budget=budget, interval=interval, n_recent=2,
-                                 n_sinks=1, n_beacons=2, buffer_min=4, buffer_max=8)
-    cache = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200, policy=cfg, rope_theta=1e4, observe=True)
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200, policy=_small_beacon(budget, interval),
+                                 rope_theta=1e4, observe=True)
     heads = L * HKV
     # max(prompt + 1, budget + interval) tokens per head, capped by the sequence's end.
     assert cache.peak_blocks(3, 1000) == heads * 3        # 12 tokens
@@ -131,37 +154,97 @@ def test_peak_blocks_bound_what_a_head_holds_and_reservations_count_the_rest():
     assert cache.peak_blocks(20, 1000) == heads * 6       # 21 tokens: the prompt's first step
     full = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200)
     assert full.peak_blocks(3, 1000) is None
+    assert full.block_demand() == []                      # nothing to follow without a trigger
     pooled = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200, policy=beaconkv.policy_config(
         "beacon", budget=budget, interval=interval, n_recent=2, n_sinks=1, n_beacons=2,
         buffer_min=4, buffer_max=8, budget_mode="pooled"), rope_theta=1e4)
     assert pooled.peak_blocks(3, 1000) is None
-
-    peak = cache.peak_blocks(3, 1000)
-    assert cache.allocate(1, 3, 3)
-    cache.reserve(1, peak)
-    assert cache.outstanding_blocks == peak - cache.num_used_blocks
-    seq = np.array([1], np.int32)
-    most = 0
-    for step in range(40):
-        n = 3 if step == 0 else 1
-        if step:
-            assert cache.allocate(1, 1, 3)
-        for layer in range(L):
-            cache.attention(layer, seq, np.array([n], np.int32),
-                            rng.standard_normal((n, H, D)).astype(np.float32),
-                            rng.standard_normal((n, HKV, D)).astype(np.float32),
-                            rng.standard_normal((n, HKV, D)).astype(np.float32),
-                            np.zeros((n, H, D), np.float32), 0.35)
-        most = max(most, cache.num_used_blocks)
-        assert cache.num_used_blocks <= peak
-        assert cache.outstanding_blocks == peak - cache.num_used_blocks
-        if step:
-            cache.compress(1, 3 + step - 1)
-    assert most == peak  # the bound is reached, not just respected
     with pytest.raises(ValueError, match="unknown sequence 5"):
         cache.reserve(5, 10)
-    cache.free(1)
-    assert cache.outstanding_blocks == 0
+    # A prefill in chunks: the rest of its 6 tokens may come at the next step, so the demand
+    # counts them from now on (the first append after them is token 7).
+    assert cache.allocate(9, 2, 6)
+    cache.reserve(9, 100, 6)
+    assert cache.block_demand()[:2] == [heads * 2, heads * 2]  # 6 and 7 tokens, blocks of 4
+    assert cache.block_demand()[2] == heads * 2 and cache.block_demand()[3] == heads * 3
+    with pytest.raises(ValueError, match="negative length"):
+        cache.admits(-1, 10, 1)
+
+
+def test_block_demand_is_what_the_pool_then_holds():
+    """The demand the pool predicts for each coming step (every head along its policy's cycle,
+    each sequence up to its end) is exactly the blocks in use at that step's high point."""
+    rng = np.random.default_rng(9)
+    budget, interval, bs = 8, 4, 2
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, bs, 400, policy=_small_beacon(budget, interval),
+                                 rope_theta=1e4, observe=True)
+    ends = {1: 70, 2: 31, 3: 1000, 4: 40}  # max total tokens of each sequence
+    starts = {1: (0, 3), 2: (2, 5), 3: (5, 15), 4: (9, 1)}  # step admitted, prompt tokens
+    total = {}
+
+    def run(step):
+        rows = []
+        for seq, (at, prompt) in starts.items():
+            if step == at:
+                assert cache.allocate(seq, prompt, prompt)
+                cache.reserve(seq, ends[seq], prompt)
+                rows.append((seq, prompt))
+                total[seq] = prompt
+            elif seq in total and total[seq] < ends[seq]:
+                assert cache.allocate(seq, 1, starts[seq][1])
+                rows.append((seq, 1))
+                total[seq] += 1
+            elif seq in total and cache.has(seq):
+                cache.free(seq)  # ended
+        return _forward(cache, rng, rows, total)
+
+    for step in range(17):  # every sequence admitted; sequence 3's prompt is over its trigger
+        run(step)
+    demand = cache.block_demand()
+    assert len(demand) == budget + 2 * interval + 1
+    assert demand[0] == cache.num_used_blocks
+    highs = [run(step) for step in range(17, 17 + len(demand) - 1)]
+    assert highs == demand[1:]
+    assert 0 < min(highs) < max(highs)  # sequence 2 ended inside the horizon; heads cycled
+    cache.verify_integrity()
+
+
+def test_admission_by_future_high_point_fits_more_and_never_runs_out():
+    """Admitting a request when the pool's future high point fits (admits) holds more
+    sequences at once than reserving every sequence's peak, and no step runs out of room."""
+    rng = np.random.default_rng(3)
+    budget, interval, bs = 8, 8, 4
+    num_blocks = 60
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, bs, num_blocks,
+                                 policy=_small_beacon(budget, interval), rope_theta=1e4,
+                                 observe=True)
+    prompt, length = 4, 60
+    peak = cache.peak_blocks(prompt, length)  # 16 tokens per head: 4 blocks x 4 heads
+    by_peaks = cache.num_usable_blocks // peak
+    waiting, running, total, most, seq = 40, [], {}, 0, 0
+    while waiting or running:
+        # As vLLM schedules: the running sequences' next token first, then one waiting request
+        # if the pool's future high point has room for it.
+        rows = [(s, 1) for s in running]
+        for s in running:
+            total[s] += 1
+            assert cache.allocate(s, 1, prompt), f"no room for sequence {s}"
+        if waiting and cache.admits(prompt, length, prompt):
+            seq, waiting = seq + 1, waiting - 1
+            assert cache.allocate(seq, prompt, prompt)
+            cache.reserve(seq, length, prompt)
+            rows.append((seq, prompt))
+            total[seq] = prompt
+            running.append(seq)
+        assert rows, "a request that fits an empty pool was refused"
+        _forward(cache, rng, rows, total)
+        most = max(most, len(running))
+        for s in [s for s in running if total[s] >= length]:
+            running.remove(s)
+            cache.free(s)
+    assert waiting == 0 and not running
+    assert most > by_peaks
+    cache.verify_integrity()
 
 
 @pytest.mark.parametrize("scorer", ["host", "paged"])

@@ -72,11 +72,11 @@ class _PooledCacheManager:
                        *args, **kwargs):
         n = num_new_tokens + num_new_computed_tokens
         seq = self._seq_of.get(request.request_id)
-        peak = None
+        admitted = None
+        max_total = request.num_prompt_tokens + request.max_tokens
         if seq is None:
-            peak = self._st.admission_peak(request.num_tokens,
-                                           request.num_prompt_tokens + request.max_tokens, n)
-            if peak is False:
+            admitted = self._st.admits(request.num_tokens, max_total, n)
+            if admitted is False:
                 return None
         if not self._st.can_allocate(seq, n):
             return None
@@ -89,8 +89,8 @@ class _PooledCacheManager:
             self._seq_of[request.request_id] = seq
         ok = self._st.allocate(seq, n, request.num_prompt_tokens)
         assert ok, "room was checked above"
-        if isinstance(peak, int):
-            self._st.cache.reserve(seq, peak)
+        if admitted:
+            self._st.reserve(seq, max_total, request.num_tokens)
         if self._ops is not None:
             self._ops.append(("a", seq, n, request.num_prompt_tokens))
         return blocks

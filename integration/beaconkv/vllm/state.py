@@ -65,23 +65,22 @@ class BeaconState:
         sid = -1 if seq_id is None else seq_id
         return self.cache.blocks_needed(sid, num_tokens) <= self.cache.num_free_blocks
 
-    def admission_peak(self, prefill_len: int, max_total: int, num_tokens: int):
+    def admits(self, prefill_len: int, max_total: int, num_tokens: int) -> bool | None:
         """Admission of a new (or recomputed) sequence that asks for `num_tokens` now.
-        With reservation (the default) and a policy that bounds every head: its peak blocks
-        if that peak fits beside what the admitted sequences may still take, else False.
-        None when there is nothing to reserve (optimistic admission, or an unbounded policy);
-        the sequence is then admitted on room for `num_tokens` alone, as vLLM does."""
+        With reservation (the default) and a policy that bounds every head: whether it fits
+        now and at every coming step beside the admitted sequences, each head following its
+        policy's cycle (the pool's future high point, not the sum of every sequence's peak);
+        the caller then reserves it (`reserve`). None when there is nothing to reserve
+        (optimistic admission, or an unbounded policy): room for `num_tokens` alone decides,
+        as in vLLM."""
         if self.cfg.admission != "reserve":
             return None
-        c = self.cache
-        need = c.blocks_needed(-1, num_tokens)
-        peak = c.peak_blocks(prefill_len, max_total)
-        if peak is None:
-            return None if need + c.outstanding_blocks <= c.num_free_blocks else False
-        peak = max(peak, need)
-        if c.num_used_blocks == 0:  # alone, it only needs room for now (as the engine does)
-            return peak if need <= c.num_free_blocks else False
-        return peak if peak + c.outstanding_blocks <= c.num_free_blocks else False
+        if self.cache.peak_blocks(prefill_len, max_total) is None:
+            return None
+        return self.cache.admits(prefill_len, max_total, num_tokens)
+
+    def reserve(self, seq_id: int, max_total: int, prefill_len: int) -> None:
+        self.cache.reserve(seq_id, max_total, prefill_len)
 
     def allocate(self, seq_id: int, num_tokens: int, prompt_len: int) -> bool:
         if not self.cache.allocate(seq_id, num_tokens, prompt_len):
