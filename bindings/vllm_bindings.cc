@@ -192,9 +192,9 @@ class VllmKvCache {
   // trigger (no reservation), room now is the rule.
   bool Admits(int32_t prefill_len, int64_t max_total, int32_t num_tokens) const {
     if (prefill_len < 0 || num_tokens < 0 || max_total < 0) {
-      throw py::value_error(absl::StrFormat(
-          "admits: negative length (prefill_len %d, max_total %d, num_tokens %d)", prefill_len,
-          max_total, num_tokens));
+      throw py::value_error(
+          absl::StrFormat("admits: negative length (prefill_len %d, max_total %d, num_tokens %d)",
+                          prefill_len, max_total, num_tokens));
     }
     return LockedQuick([&] {
       if (BlocksNeededLocked(-1, num_tokens) > manager_->NumFreeBlocks()) return false;
@@ -598,11 +598,11 @@ class VllmKvCache {
   PolicyGeometry geometry_;
   std::unique_ptr<Rope> rope_;
   absl::flat_hash_map<SequenceId, std::unique_ptr<PolicyState>> policies_;  // [live sequences]
-  struct Steps {                // what reservation admission needs of a live sequence
-    int32_t prompt_len = 0;     // as given to its first Allocate
-    int32_t last_tokens = 0;    // tokens its last allocation added (1 past the prompt: decoding)
-    int64_t max_total = -1;     // tokens it ends by (Reserve); -1: not reserved
-    int32_t prefill_len = 0;    // its whole prefill (Reserve)
+  struct Steps {              // what reservation admission needs of a live sequence
+    int32_t prompt_len = 0;   // as given to its first Allocate
+    int32_t last_tokens = 0;  // tokens its last allocation added (1 past the prompt: decoding)
+    int64_t max_total = -1;   // tokens it ends by (Reserve); -1: not reserved
+    int32_t prefill_len = 0;  // its whole prefill (Reserve)
   };
   absl::flat_hash_map<SequenceId, Steps> steps_;  // [live sequences]
   std::unique_ptr<CpuKvStore> store_;
