@@ -196,6 +196,7 @@ std::optional<int64_t> PeakHeadTokens(const PolicyConfig& config, int32_t prompt
 struct HeadTrigger {
   int64_t budget = 0;
   int64_t interval = 1;
+  friend bool operator==(const HeadTrigger&, const HeadTrigger&) = default;
 };
 std::optional<HeadTrigger> UniformHeadTrigger(const PolicyConfig& config);
 

@@ -229,17 +229,44 @@ int32_t Engine::PeakBlocks(const SeqState& s, int64_t prefill_len) const {
   return PromptBlocks(std::min(*peak, std::max(end, prefill_len)));
 }
 
-int64_t Engine::OutstandingBlocks() const {
-  int64_t out = 0;
+int64_t Engine::DecodeStepsLeft(const SeqState& s) const {
+  const int64_t prompt = static_cast<int64_t>(s.request.prompt.size());
+  const int64_t outputs = s.request.forced_output.empty()
+                              ? s.request.sampling.max_new_tokens
+                              : static_cast<int64_t>(s.request.forced_output.size());
+  const int64_t end = std::min<int64_t>(prompt + outputs, config_.max_model_len);
+  return std::max<int64_t>(0, end - prompt - static_cast<int64_t>(s.out.output.size()));
+}
+
+bool Engine::ReservationFits(const SeqState& s, int64_t prefill_len) const {
+  const KvShape& shape = bm_->shape();
+  const std::optional<HeadTrigger> trigger = UniformHeadTrigger(s.policy_config);
+  std::vector<int64_t> demand(BlockDemandHorizon(s.policy_config).value_or(1), 0);
+  std::vector<int32_t> heads(shape.num_heads_total());
+  // Now (k = 0) every running sequence is compressed after its last step; step k >= 1 is the
+  // k-th next decode step's high point. The new sequence's prefill comes before step 1.
   for (int64_t id : running_) {
-    const SeqState& s = *seqs_.at(id);
-    if (s.peak_blocks >= 0) {
-      out += std::max<int64_t>(0, s.peak_blocks - BKV_CHECK_VALUE(bm_->NumBlocksOf(id)));
+    const SeqState& r = *seqs_.at(id);
+    if (!trigger || UniformHeadTrigger(r.policy_config) != trigger) {
+      const int64_t c = std::max<int64_t>(BKV_CHECK_VALUE(bm_->NumBlocksOf(id)), r.peak_blocks);
+      for (int64_t& d : demand) d += c;
+      continue;
     }
+    for (int32_t l = 0, i = 0; l < shape.num_layers; ++l)
+      for (int32_t g = 0; g < shape.num_kv_heads; ++g, ++i)
+        heads[i] = BKV_CHECK_VALUE(bm_->RetainedTokens(id, l, g));
+    AddBlockDemand(r.policy_config, shape.block_size, {heads, false, DecodeStepsLeft(r)},
+                   absl::MakeSpan(demand));
   }
-  // A swapped sequence holds no device blocks: it needs its whole peak to come back.
-  for (int64_t id : swapped_) out += std::max(0, seqs_.at(id)->peak_blocks);
-  return out;
+  if (trigger) {
+    std::fill(heads.begin(), heads.end(), static_cast<int32_t>(prefill_len));
+    AddBlockDemand(s.policy_config, shape.block_size, {heads, false, DecodeStepsLeft(s)},
+                   absl::MakeSpan(demand));
+  } else {
+    for (int64_t& d : demand) d += PromptBlocks(prefill_len);
+  }
+  return *std::max_element(demand.begin(), demand.end()) + config_.watermark_blocks <=
+         bm_->NumUsedBlocks() + bm_->NumFreeBlocks();
 }
 
 absl::Status Engine::Admit(SeqState& s) {
@@ -412,18 +439,14 @@ absl::Status Engine::StepLocked(std::vector<RequestOutput>* finished) {
     // Alone (nothing running or swapped), it only needs its prompt's blocks.
     const int32_t first_append = len % bm_->shape().block_size == 0 ? PromptBlocks(1) : 0;
     const bool alone = running_.empty();
-    int64_t need = PromptBlocks(len) + (alone ? 0 : first_append + config_.watermark_blocks);
-    s.peak_blocks = -1;
-    if (config_.admission == AdmissionMode::kReserve && !alone) {
-      // Room for this request's peak beside what the admitted ones may still take.
-      const int32_t peak = PeakBlocks(s, len);
-      need = std::max<int64_t>(PromptBlocks(len) + first_append, peak) + config_.watermark_blocks +
-             OutstandingBlocks();
-      s.peak_blocks = peak;
-    } else if (config_.admission == AdmissionMode::kReserve) {
-      s.peak_blocks = PeakBlocks(s, len);
+    const int64_t need = PromptBlocks(len) + (alone ? 0 : first_append + config_.watermark_blocks);
+    s.peak_blocks = config_.admission == AdmissionMode::kReserve ? PeakBlocks(s, len) : -1;
+    // Room now, and with reservation room at every coming step beside the running ones.
+    bool fits = need <= bm_->NumFreeBlocks();
+    if (fits && !alone && config_.admission == AdmissionMode::kReserve) {
+      fits = ReservationFits(s, len);
     }
-    if (need > bm_->NumFreeBlocks()) {
+    if (!fits) {
       if (alone) {
         // A preempted sequence grew past what the whole pool holds: it can never resume.
         waiting_.pop_front();

@@ -79,7 +79,7 @@ class Engine {
     RequestOutput out;
     int32_t pending = -1;                  // last output token, its K/V not yet in the cache
     bool in_cache = false;                 // holds blocks (running or swapped)
-    int32_t peak_blocks = -1;              // reserved peak (kReserve, bounded policy); -1: none
+    int32_t peak_blocks = -1;              // peak blocks (kReserve, bounded policy); -1: none
     std::vector<EvictionEvent> evictions;  // [tokens evicted] when request.record_evictions
   };
 
@@ -116,8 +116,15 @@ class Engine {
   // Most device blocks `s` holds once prefilled with `prefill_len` tokens (the policy's
   // PeakHeadTokens, capped by the request's end in every head); -1 when unbounded.
   int32_t PeakBlocks(const SeqState& s, int64_t prefill_len) const;
-  // Blocks the reserved running and swapped sequences may still take on the device.
-  int64_t OutstandingBlocks() const;
+  // Reservation admission (kReserve, others running; no swapped sequence waits): whether `s`,
+  // prefilled with `prefill_len` tokens, fits beside the running sequences at every coming
+  // step. Sequences under s's per-head trigger follow their heads' cycles (AddBlockDemand), so
+  // their peaks need not coincide; any other running sequence counts at its peak every step
+  // (at what it holds when unbounded), an upper bound of its own path.
+  bool ReservationFits(const SeqState& s, int64_t prefill_len) const;
+  // Decode steps (appends) `s` may still take: to its end (max_new_tokens, forced output,
+  // max_model_len), counted from its outputs so far.
+  int64_t DecodeStepsLeft(const SeqState& s) const;
   void UpdateMemoryStats();
   // Folds `s`'s current blocks and retained tokens into its peak statistics.
   void UpdatePeak(SeqState& s);

@@ -139,6 +139,31 @@ TEST(EngineTest, ReservationAdmitsBoundedPoliciesWithoutPreemption) {
   EXPECT_GT(full.preemptions_swap, 0);
 }
 
+// Reservation follows every head's cycle instead of reserving each request's peak at once:
+// heads of requests in different phases of the budget .. budget + interval cycle do not peak
+// together, so a pool one block short of three peaks runs three requests at once, still
+// without preemption and with the same tokens.
+TEST(EngineTest, ReservationFitsMoreThanTheSumOfPeaks) {
+  EngineConfig c;
+  c.block_size = 1;  // blocks = tokens: every step of the cycle shows
+  c.policy = SmallBeacon();
+  EngineStats free_stats;
+  const auto free = RunAll(c, 60, &free_stats);
+  int32_t peak = 0;  // blocks one request holds at most: budget + interval tokens per head
+  for (const auto& [id, o] : free) peak = std::max(peak, o.peak_blocks);
+  ASSERT_GT(peak, 0);
+  c.num_blocks = 1 + c.watermark_blocks + 3 * peak - 1;
+  c.admission = AdmissionMode::kReserve;
+  EngineStats reserved;
+  EXPECT_EQ(Tokens(RunAll(c, 60, &reserved)), Tokens(free));
+  EXPECT_EQ(reserved.preemptions_swap + reserved.preemptions_recompute, 0);
+  // The sum of peaks allows 2 at once; here 3 share the pool from the first step (more once
+  // one nears its end).
+  EXPECT_GT(reserved.peak_running, 2);
+  EXPECT_LE(reserved.peak_used_blocks, c.num_blocks - 1);
+  EXPECT_GT(reserved.peak_used_blocks, c.num_blocks - 1 - c.watermark_blocks - peak);
+}
+
 TEST(EngineTest, EvictionBoundsTheCacheAndFreesBlocks) {
   EngineConfig c;
   c.block_size = 4;

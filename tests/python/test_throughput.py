@@ -82,12 +82,14 @@ def test_eviction_turns_freed_blocks_into_a_larger_batch():
     per_seq = {k: r["mean_used_blocks"] / r["mean_running_batch"] for k, r in
                (("full", full), ("evict", evict))}
     assert 0 < per_seq["evict"] <= 3 * HEADS + HEADS < per_seq["full"]
-    # Reservation admission: as many sequences at once as fit at their peak (3 blocks per
-    # head: 232 // 24 = 9), none preempted, the same work done.
+    # Reservation admission: at least as many sequences at once as fit at their peak (3
+    # blocks per head: 232 // 24 = 9; more while some ramp up or near their end, as the pool's
+    # future high point allows), none preempted, the pool never overrun, the same work done.
     reserved = run_throughput(random_cfg(policy="streaming", budget=32, knobs={"interval": 16},
                                          **{**common, "admission": "reserve"}))
     assert reserved["preemptions"] == {"recompute": 0, "swap": 0}
-    assert reserved["max_running_batch"] == (common["kv_blocks"] - 1) // (3 * HEADS)
+    assert reserved["max_running_batch"] >= (common["kv_blocks"] - 1) // (3 * HEADS)
+    assert reserved["peak_used_blocks"] <= common["kv_blocks"] - 1
     assert reserved["total_output_tokens"] == 12 * 200 and reserved["out_of_memory"] == 0
     assert evict["preemptions"]["swap"] > 0
 
