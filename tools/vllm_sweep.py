@@ -1,8 +1,11 @@
 """Stock vLLM against BeaconKV inside vLLM at equal KV memory, in interleaved rounds.
 
-Each round runs, for every KV memory in turn, stock vLLM and then every policy through
+Each round runs, for every KV memory in turn, stock vLLM and every policy through
 ``python -m beaconkv.vllm.bench`` (vLLM's own throughput harness; one process per run), so a
-drift in the host's speed hits a round's runs alike. Ratios are taken within a round (policy /
+drift in the host's speed hits a round's runs alike. The order turns by one run each round
+(round 1: stock first, then the policies as given; round 2 starts with the first policy and
+ends with stock; ...), so no run is always first or always last in its round: on 2026-12-04
+the last run of every round was the slowest in two rounds running (docs/vllm.md). Ratios are taken within a round (policy /
 that round's stock run at the same memory) and summarised by their median over rounds: on our
 shared 2-core hosts the same stock run was 39 % apart ten minutes later (docs/vllm.md), so a
 single pair says little.
@@ -82,6 +85,12 @@ def bench_command(python: str, spec, memory_mib: int, args, out_json: str) -> li
     return cmd
 
 
+def round_order(specs: list, rnd: int) -> list:
+    """The runs of round `rnd` (numbered from 1): `specs` turned left by rnd - 1."""
+    k = (rnd - 1) % len(specs)
+    return specs[k:] + specs[:k]
+
+
 def run(args) -> None:
     os.makedirs(args.out, exist_ok=True)
     specs = [("stock", None, None, ())] + args.specs
@@ -91,7 +100,7 @@ def run(args) -> None:
     env.pop("PYTHONPATH", None)
     for rnd in range(args.first_round, args.first_round + args.rounds):
         for mem in args.memories_mib:
-            for spec in specs:
+            for spec in round_order(specs, rnd):
                 label = label_of(spec, mem, rnd)
                 path = os.path.join(args.out, label + ".json")
                 cmd = bench_command(args.python, spec, mem, args, path)

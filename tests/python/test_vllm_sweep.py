@@ -93,7 +93,8 @@ def test_dry_run_prints_interleaved_commands_and_runs_nothing(tmp_path, capsys):
     cmds = [l.split() for l in capsys.readouterr().out.splitlines() if l.strip()]
     assert len(cmds) == 2 * 2 * 2  # rounds x memories x (stock + one policy)
     policies = [c[c.index("--policy") + 1] for c in cmds]
-    assert policies == ["stock", "beacon"] * 4  # stock first at every memory of every round
+    # Round 1: stock first at every memory; round 2 turns the order by one.
+    assert policies == ["stock", "beacon"] * 2 + ["beacon", "stock"] * 2
     mems = [int(c[c.index("--kv-cache-memory-bytes") + 1]) >> 20 for c in cmds]
     assert mems == [9, 9, 16, 16] * 2
     beacon = cmds[1]
@@ -101,6 +102,19 @@ def test_dry_run_prints_interleaved_commands_and_runs_nothing(tmp_path, capsys):
     assert beacon[beacon.index("--knob") + 1] == "interval=16"
     assert "--budget" not in cmds[0] and "--knob" not in cmds[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_order_turns_each_round_so_no_run_is_always_first_or_last(tmp_path, capsys):
+    rc = sweep.main(["--python", sys.executable, "--memories-mib", "6", "--rounds", "3",
+                     "--policies", "beacon:104:16,snapkv:96", "--out", str(tmp_path),
+                     "--dry-run"])
+    assert rc == 0
+    cmds = [l.split() for l in capsys.readouterr().out.splitlines() if l.strip()]
+    runs = [(c[c.index("--policy") + 1], c[c.index("--output-json") + 1].rsplit("_r", 1)[1])
+            for c in cmds]
+    assert runs == [("stock", "1.json"), ("beacon", "1.json"), ("snapkv", "1.json"),
+                    ("beacon", "2.json"), ("snapkv", "2.json"), ("stock", "2.json"),
+                    ("snapkv", "3.json"), ("stock", "3.json"), ("beacon", "3.json")]
 
 
 def test_first_round_adds_later_rounds(tmp_path, capsys):
