@@ -21,7 +21,8 @@ Usage: python3 tools/vllm_sweep.py [--memories-mib 9,12,16] [--policies beacon:9
        [--out DIR] [--table-only] [--dry-run]
 Policy specs are NAME[:BUDGET[:INTERVAL[:KNOB=VALUE+KNOB=VALUE...]]] (``stock`` runs in every
 round anyway), e.g. ``beacon:112:16:draw_on_fill=true``; the knob ``block_tokens=N`` is
-not the policy's but the pool's block size (the bench's ``--block-tokens``, default 16).
+not the policy's but the pool's block size (the bench's ``--block-tokens``, default 8; 16 before 2026-12-04, so older OUT folders'
+labels without it mean 16: each JSON records ``kv_block_tokens``).
 """
 
 from __future__ import annotations

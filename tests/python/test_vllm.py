@@ -356,11 +356,14 @@ def _bench(tmp_path, name: str, *flags: str) -> dict:
 
 def test_bench_reports_vllms_numbers_and_ours_in_both_layouts(tmp_path):
     # 5 MiB: stock vLLM holds 19 blocks of 128 tokens (about 2 full traces of ~1,100
-    # tokens); our pool holds 1,259 blocks of 16 tokens of one head, room for all 8 beacon
-    # sequences at their peak (128 tokens per head x 8 heads = 64 blocks) at once.
+    # tokens); our pool, here in blocks of 16 tokens of one head (1,259 of them), has room
+    # for all 8 beacon sequences at their peak (128 tokens per head x 8 heads = 64 blocks)
+    # at once. In blocks of 16 a head holds 8 for the whole upper half of its 97..128 cycle,
+    # and the 8 requests, entering together, are in that half at once (finer blocks would
+    # let their peaks fall on different steps).
     stock = _bench(tmp_path, "stock", "--policy", "stock")
     runs = {lay: _bench(tmp_path, lay, "--policy", "beacon", "--budget", "96",
-                        "--knob", "interval=32", "--layout", lay)
+                        "--knob", "interval=32", "--layout", lay, "--block-tokens", "16")
             for lay in ("single", "multiprocess")}
     assert stock["layout"] == "single"
     assert stock["preemptions"] > 0 and stock["peak_kv_blocks"] == stock["pool_blocks"] < 24

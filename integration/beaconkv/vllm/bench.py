@@ -20,6 +20,8 @@ import re
 import sys
 import tempfile
 
+from . import config as _config
+
 # What vLLM's harness prints and leaves out of its JSON.
 _PRINTED = {
     "output_tokens_per_second": (float, r"^Throughput: .*, ([\d.]+) output tokens/s$"),
@@ -83,8 +85,8 @@ def build_parser():
     g.add_argument("--budget", type=int, default=None, help="tokens kept per head")
     g.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                    help="policy knob (repeatable), e.g. --knob interval=16")
-    g.add_argument("--block-tokens", type=int, default=16,
-                   help="tokens per block of the BeaconKV pool")
+    g.add_argument("--block-tokens", type=int, default=_config.VllmConfig.block_size,
+                   help="tokens per block of the BeaconKV pool (default %(default)s)")
     g.add_argument("--layout", choices=["single", "multiprocess"], default="single",
                    help="single: scheduler and model in one process; multiprocess: vLLM's "
                         "default layout (EngineCore and worker processes, our pools kept in step "

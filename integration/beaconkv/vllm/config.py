@@ -1,7 +1,7 @@
 """The one BeaconKV-in-vLLM config: policy, budget and knobs, from ``BEACONKV_VLLM_CONFIG``.
 
 ``BEACONKV_VLLM_CONFIG`` holds JSON such as
-``{"policy": "beacon", "budget": 158, "knobs": ["interval=16"], "block_size": 16}``
+``{"policy": "beacon", "budget": 158, "knobs": ["interval=16"], "block_size": 8}``
 (``knobs`` may also be a ``{"name": value}`` map; ``"admission": "optimistic"`` turns off
 the peak reservation, see docs/vllm.md; ``"scorer": "paged"`` chooses each step's keep-sets
 through the GPU pipeline's CPU twin, every planned head in one call, docs/gpu.md). The core's policy registry builds the
@@ -26,10 +26,13 @@ class VllmConfig:
     policy: str = "full"
     budget: int | None = None
     knobs: dict | list = field(default_factory=dict)  # {name: value} or ["NAME=VALUE", ...]
-    block_size: int = 16  # tokens per block of our pool (one (sequence, layer, kv_head))
-    # reserve: admit a request only when its peak under the policy fits beside what the
-    # admitted ones may still take (no preemption for bounded policies); optimistic: vLLM's
-    # rule (room for the prompt now), preempting when the pool runs out.
+    # Tokens per block of our pool (one (sequence, layer, kv_head)). 8: a head cycling
+    # through budget..budget + interval tokens is rounded up less than with 16, so more
+    # requests fit, at no measured per-step cost (docs/vllm.md, 2026-12-04).
+    block_size: int = 8
+    # reserve: admit a request only when the pool's demand fits at every coming step with it
+    # (each head along its policy's cycle; no preemption for bounded policies); optimistic:
+    # vLLM's rule (room for the prompt now), preempting when the pool runs out.
     admission: str = "reserve"
     # host: each sequence's policy scores its heads (on threads); paged: the policies plan and
     # one scorer call (the device pipeline's CPU twin) scores every planned head of the step.
@@ -68,7 +71,7 @@ def parse(text: str) -> VllmConfig:
     if scorer not in SCORERS:
         raise ValueError(f"{ENV}: scorer must be one of {list(SCORERS)}, got {scorer!r}")
     cfg = VllmConfig(policy=str(data.get("policy", "full")), budget=data.get("budget"),
-                     knobs=knobs, block_size=int(data.get("block_size", 16)),
+                     knobs=knobs, block_size=int(data.get("block_size", VllmConfig.block_size)),
                      admission=admission, scorer=scorer)
     cfg.policy_config()  # fail now, at engine start, on an unknown policy or knob
     return cfg
