@@ -7,9 +7,11 @@
 #   gpu_results.json the benchmark figures (kernels/gpu_bench.cu)
 #   build.log        configure and build output
 # Without a GPU (no nvidia-smi, or it lists no device) it builds and stops with a message.
-# Environment: OUT, BUILD_DIR (default build/device), CUDA_ARCHS (default 90), JOBS,
-# PREBUILT (default .gpu_prebuilt): GPU test binaries packed by `--pack DIR` on a machine with
-# the C++ dependencies, run when they cannot be built here (see docs/gpu.md).
+# Environment: OUT, BUILD_DIR (default build/device), CUDA_ARCHS (default 90), JOBS, TEST_TIMEOUT,
+# BENCH_TIMEOUT, SANITIZE_UNTIL, SANITIZE_TIMEOUT (seconds),
+# PREBUILT (default .gpu_prebuilt, or PREBUILT.tar.xz, unpacked first): the GPU test binaries and
+# the benchmark packed by `--pack DIR` on a machine with the C++ dependencies; when they start
+# here nothing is built (see docs/gpu.md).
 set -uo pipefail
 
 # --pack DIR: copy the built GPU test binaries and the shared libraries they need (beyond
@@ -18,13 +20,17 @@ if [ "${1:-}" = "--pack" ]; then
   dir=${2:?usage: run_device_checks.sh --pack DIR}
   build=${BUILD_DIR:-build/gpu}
   mkdir -p "$dir/lib"
+  cp "$build/kernels/beaconkv_gpu_bench" "$dir/"
   for t in "$build"/kernels/gpu_*_test; do
     cp "$t" "$dir/"
     ldd "$t" | awk '/=> \// {print $3}' |
       grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
       xargs -r -I{} cp -L {} "$dir/lib/"
   done
-  du -sh "$dir"
+  strip "$dir"/gpu_*_test "$dir/beaconkv_gpu_bench" 2>/dev/null || true
+  # One compressed file travels: OpenBLAS alone is ~36 MB of the 64 MiB a device call carries.
+  tar -cJf "$dir.tar.xz" -C "$(dirname "$dir")" "$(basename "$dir")"
+  du -sh "$dir" "$dir.tar.xz"
   exit 0
 fi
 
@@ -53,14 +59,38 @@ else
 fi
 command -v nvcc >/dev/null 2>&1 || { log "nvcc not found: cannot build the CUDA kernels."; exit 1; }
 
+log "nvcc: $(nvcc --version | tail -n 1)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
+  2>/dev/null | tee -a "$SUMMARY"
+
+# 0. Prebuilt binaries (`--pack`): when every test and the benchmark are there and start on
+#    this machine, nothing is built, which saves the lent machine's minutes.
+prebuilt=${PREBUILT:-$ROOT/.gpu_prebuilt}
+if [ ! -d "$prebuilt" ] && [ -f "$prebuilt.tar.xz" ]; then
+  tar -xJf "$prebuilt.tar.xz" -C "$(dirname "$prebuilt")" && log "unpacked $prebuilt.tar.xz"
+fi
+tests=()
+bench=""
+if [ -x "$prebuilt/beaconkv_gpu_bench" ] && ls "$prebuilt"/gpu_*_test >/dev/null 2>&1; then
+  export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  starts=1
+  for t in "$prebuilt"/gpu_*_test; do
+    "$t" --gtest_list_tests >/dev/null 2>>"$BUILDLOG" || { starts=0; log "prebuilt $t does not start here"; }
+  done
+  if [ "$starts" = 1 ]; then
+    tests=("$prebuilt"/gpu_*_test)
+    bench=$prebuilt/beaconkv_gpu_bench
+    log "build: none, running the prebuilt binaries in $prebuilt (${#tests[@]} tests + benchmark)"
+  fi
+fi
+
 # 1. Build. The full CMake build needs absl, GoogleTest and a CBLAS (the CPU twins use core/);
 #    without them only the benchmark is built, straight from the .cu files with nvcc.
+if [ -z "$bench" ]; then
 generator=()
 if [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
   generator=(-G Ninja)
 fi
-tests=()
-bench=""
 if cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DBEACONKV_CUDA=ON \
      -DBEACONKV_TESTS=ON -DBEACONKV_BENCH=ON -DBEACONKV_WERROR=ON \
      -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" >>"$BUILDLOG" 2>&1; then
@@ -103,70 +133,81 @@ else
     log "benchmark build FAILED (see build.log)"
     exit 1
   fi
-  prebuilt=${PREBUILT:-$ROOT/.gpu_prebuilt}
   if ls "$prebuilt"/gpu_*_test >/dev/null 2>&1; then
     export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     tests=("$prebuilt"/gpu_*_test)
     log "tests: running the prebuilt binaries in $prebuilt"
   fi
 fi
+fi  # build
 
 if [ "$have_gpu" = 0 ]; then
   log "no GPU: stopping after the build."
   exit 0
 fi
 
-# 2. GPU tests.
+# 2. GPU tests, all binaries at once (their CPU twins use the machine's cores; the GPU runs
+#    their small launches side by side), each into its own log, gathered into gpu_tests.log.
+LOGDIR=$BUILD/test_logs
+rm -rf "$LOGDIR"
+mkdir -p "$LOGDIR"
 if [ "${#tests[@]}" -gt 0 ]; then
   passed=0
   failed=0
+  pids=()
   for t in "${tests[@]}"; do
-    if timeout 240 "$t" --gtest_brief=1 >>"$TESTLOG" 2>&1; then
+    (t0=$SECONDS
+     timeout "${TEST_TIMEOUT:-150}" "$t" --gtest_brief=1 >"$LOGDIR/$(basename "$t").log" 2>&1
+     echo "rc=$? seconds=$((SECONDS - t0))" >"$LOGDIR/$(basename "$t").rc") &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  for t in "${tests[@]}"; do
+    name=$(basename "$t")
+    { echo "== $name"; cat "$LOGDIR/$name.log"; } >>"$TESTLOG"
+    read -r rc secs <"$LOGDIR/$name.rc"
+    if [ "$rc" = "rc=0" ]; then
       passed=$((passed + 1))
-      log "test PASS $(basename "$t")"
+      log "test PASS $name ($(tail -n 1 "$LOGDIR/$name.log"), ${secs#seconds=} s)"
     else
       failed=$((failed + 1))
       status=1
-      log "test FAIL $(basename "$t") (see gpu_tests.log)"
+      log "test FAIL $name ($rc after ${secs#seconds=} s; see gpu_tests.log)"
     fi
   done
   log "tests: $passed binaries passed, $failed failed"
-  grep -E "^\[  FAILED  \]" "$TESTLOG" | head -n 20 | tee -a "$SUMMARY"
+  grep -E "^\[  FAILED  \]" "$TESTLOG" | head -n 40 | tee -a "$SUMMARY"
 else
   log "tests: not built (see above)"
 fi
 
 # 3. Benchmark.
-if timeout 300 "$bench" --json "$OUT/gpu_results.json" 2>&1 | tee -a "$SUMMARY"; then
+if timeout "${BENCH_TIMEOUT:-300}" "$bench" --json "$OUT/gpu_results.json" 2>&1 | tee -a "$SUMMARY"; then
   log "benchmark: done, figures in gpu_results.json"
 else
   status=1
   log "benchmark FAILED"
 fi
 
-# 4. A short compute-sanitizer pass over a few parameter sets: memcheck on the new kernels,
-#    racecheck on the two that share memory between threads. Time-boxed: a run is skipped
-#    once the script has used SANITIZE_UNTIL seconds (default 400), so the whole call stays
-#    under 8 minutes.
+# 4. A short compute-sanitizer pass over a few parameter sets: memcheck on the kernels,
+#    racecheck on those that share memory between threads. All runs at once, each time-boxed
+#    (SANITIZE_TIMEOUT, default 150 s); none starts once the script has used SANITIZE_UNTIL
+#    seconds (default 400).
 until_s=${SANITIZE_UNTIL:-400}
 if [ "${#tests[@]}" -gt 0 ] && command -v compute-sanitizer >/dev/null 2>&1; then
   test_dir=$(dirname "${tests[0]}")
+  san_runs=()
   # GoogleTest filters know only * and ?; instance numbers follow the Combine() order.
   san() {  # tool binary filter
     if [ "$SECONDS" -ge "$until_s" ]; then
       log "sanitizer $1 skipped (time box): $2 ($3)"
       return
     fi
-    timeout 60 compute-sanitizer --tool "$1" --error-exitcode 9 "$test_dir/$2" \
-      --gtest_brief=1 --gtest_filter="$3" >>"$TESTLOG" 2>&1
-    case $? in
-      0) log "sanitizer $1 clean: $2 ($3)" ;;
-      124) log "sanitizer $1 timed out after 60 s (no verdict): $2 ($3)" ;;
-      *)
-        status=1
-        log "sanitizer $1 REPORTED ERRORS: $2 ($3) (see gpu_tests.log)"
-        ;;
-    esac
+    local i=${#san_runs[@]}
+    san_runs+=("$1|$2|$3")
+    (timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$1" --error-exitcode 9 \
+       "$test_dir/$2" --gtest_brief=1 --gtest_filter="$3" >"$LOGDIR/san$i.log" 2>&1
+     echo $? >"$LOGDIR/san$i.rc") &
   }
   san memcheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/4?:SegmentedTopKGpuLongTest.*'
   san memcheck gpu_rope_append_test '*'
@@ -183,6 +224,23 @@ if [ "${#tests[@]}" -gt 0 ] && command -v compute-sanitizer >/dev/null 2>&1; the
   san racecheck gpu_paged_scores_test 'Excluded/PagedScoresGpuTest.*/10'
   san memcheck gpu_redundancy_test 'Shapes/RedundancyGpuTest.*/0:Shapes/RedundancyGpuTest.*/5'
   san racecheck gpu_redundancy_test 'Shapes/RedundancyGpuTest.*/0'
+  san memcheck gpu_fps_test '*'
+  san racecheck gpu_fps_test '*'
+  san memcheck gpu_gpu_scorer_test '*'
+  san memcheck gpu_cuda_kv_store_test '*'
+  wait
+  for i in "${!san_runs[@]}"; do
+    IFS='|' read -r tool bin filter <<<"${san_runs[$i]}"
+    { echo "== sanitizer $tool $bin ($filter)"; cat "$LOGDIR/san$i.log"; } >>"$TESTLOG"
+    case $(cat "$LOGDIR/san$i.rc") in
+      0) log "sanitizer $tool clean: $bin ($filter)" ;;
+      124) log "sanitizer $tool timed out (no verdict): $bin ($filter)" ;;
+      *)
+        status=1
+        log "sanitizer $tool REPORTED ERRORS or failed: $bin ($filter) (see gpu_tests.log)"
+        ;;
+    esac
+  done
 else
   log "sanitizer pass skipped (no test binaries or no compute-sanitizer)"
 fi
