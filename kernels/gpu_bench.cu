@@ -152,9 +152,14 @@ void BenchTopK(Results& res) {
   BENCH_CHECK(SegmentedTopK(nullptr, &block_bytes, d_offsets, scores, positions, protect, d_k,
                             shape, TopKAlgorithm::kBlockRadixSort, keep_block, nullptr));
   void* temp = Alloc<char>(std::max(sort_bytes, block_bytes));
+  uint8_t* keep_select = Alloc<uint8_t>(items);
   const double block_ms = TimeMs(5, [&] {
     BENCH_CHECK(SegmentedTopK(temp, &block_bytes, d_offsets, scores, positions, protect, d_k, shape,
                               TopKAlgorithm::kBlockRadixSort, keep_block, nullptr));
+  });
+  const double select_ms = TimeMs(5, [&] {
+    BENCH_CHECK(SegmentedTopK(temp, &block_bytes, d_offsets, scores, positions, protect, d_k, shape,
+                              TopKAlgorithm::kBlockRadixSelect, keep_select, nullptr));
   });
   const double sort_path_ms = TimeMs(3, [&] {
     BENCH_CHECK(SegmentedTopK(temp, &sort_bytes, d_offsets, scores, positions, protect, d_k, shape,
@@ -181,40 +186,60 @@ void BenchTopK(Results& res) {
     BENCH_CHECK(SegmentedTopK(temp, &block_bytes, d_offsets, scores, positions, protect, d_k, shape,
                               TopKAlgorithm::kBlockRadixSort, keep_block, nullptr));
   });
+  const double select_pool_ms = TimeMs(5, [&] {
+    BENCH_CHECK(SegmentedTopK(temp, &block_bytes, d_offsets, scores, positions, protect, d_k, shape,
+                              TopKAlgorithm::kBlockRadixSelect, keep_select, nullptr));
+  });
+  int64_t pool_mismatches = 0;
+  {
+    BENCH_CHECK(cudaDeviceSynchronize());
+    std::vector<uint8_t> a(items), b(items);
+    BENCH_CHECK(cudaMemcpy(a.data(), keep_block, items, cudaMemcpyDeviceToHost));
+    BENCH_CHECK(cudaMemcpy(b.data(), keep_select, items, cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < items; ++i) pool_mismatches += a[i] != b[i];
+  }
   // Both paths must keep the same elements (checked on the unpooled run).
   shape.pooling = TopKPooling::kNone;
   shape.pool_kernel = 1;
   BENCH_CHECK(SegmentedTopK(temp, &block_bytes, d_offsets, scores, positions, protect, d_k, shape,
                             TopKAlgorithm::kBlockRadixSort, keep_block, nullptr));
   BENCH_CHECK(cudaDeviceSynchronize());
-  std::vector<uint8_t> a(items), b(items);
+  BENCH_CHECK(SegmentedTopK(temp, &block_bytes, d_offsets, scores, positions, protect, d_k, shape,
+                            TopKAlgorithm::kBlockRadixSelect, keep_select, nullptr));
+  BENCH_CHECK(cudaDeviceSynchronize());
+  std::vector<uint8_t> a(items), b(items), c(items);
   BENCH_CHECK(cudaMemcpy(a.data(), keep_block, items, cudaMemcpyDeviceToHost));
   BENCH_CHECK(cudaMemcpy(b.data(), keep_sort, items, cudaMemcpyDeviceToHost));
-  int64_t mismatches = 0, kept = 0;
+  BENCH_CHECK(cudaMemcpy(c.data(), keep_select, items, cudaMemcpyDeviceToHost));
+  int64_t mismatches = pool_mismatches, kept = 0;
   for (int64_t i = 0; i < items; ++i) {
-    mismatches += a[i] != b[i];
-    kept += a[i];
+    mismatches += (a[i] != b[i]) + (c[i] != b[i]);
+    kept += c[i];
   }
   const bool kept_right = kept == int64_t{segments} * kBudget;
   std::printf(
-      "  block radix sort %.3f ms, segmented-sort path %.3f ms, bare DeviceSegmentedSort "
-      "%.3f ms -> %.2fx faster than the bare sort (target >= 3x); pooled %.3f ms; paths "
+      "  block radix select (the default) %.3f ms, block radix sort %.3f ms, segmented-sort "
+      "path %.3f ms, bare DeviceSegmentedSort %.3f ms -> select %.2fx faster than the bare sort "
+      "(target >= 3x; block sort %.2fx); max-pooled 7: select %.3f ms, sort %.3f ms; paths "
       "agree: %s (%lld mismatches), kept per segment = budget: %s\n",
-      block_ms, sort_path_ms, bare_ms, bare_ms / block_ms, block_pool_ms,
-      mismatches == 0 ? "yes" : "NO", static_cast<long long>(mismatches),
-      kept_right ? "yes" : "NO");
+      select_ms, block_ms, sort_path_ms, bare_ms, bare_ms / select_ms, bare_ms / block_ms,
+      select_pool_ms, block_pool_ms, mismatches == 0 ? "yes" : "NO",
+      static_cast<long long>(mismatches), kept_right ? "yes" : "NO");
   res.Add("topk_segments", segments);
   res.Add("topk_segment_len", n);
+  res.Add("topk_select_ms", select_ms);
+  res.Add("topk_select_maxpool7_ms", select_pool_ms);
   res.Add("topk_block_ms", block_ms);
   res.Add("topk_block_maxpool7_ms", block_pool_ms);
   res.Add("topk_segmented_sort_path_ms", sort_path_ms);
   res.Add("device_segmented_sort_ms", bare_ms);
-  res.Add("topk_speedup_vs_device_segmented_sort", bare_ms / block_ms);
+  res.Add("topk_speedup_vs_device_segmented_sort", bare_ms / select_ms);
+  res.Add("topk_block_sort_speedup_vs_device_segmented_sort", bare_ms / block_ms);
   res.AddBool("topk_paths_agree", mismatches == 0);
   res.AddBool("topk_kept_equals_budget", kept_right);
   for (void* p : {(void*)d_offsets, (void*)d_k, (void*)scores, (void*)positions, (void*)protect,
-                  (void*)keep_block, (void*)keep_sort, temp, (void*)sorted_scores, (void*)idx_in,
-                  (void*)idx_out, bare_temp}) {
+                  (void*)keep_block, (void*)keep_sort, (void*)keep_select, temp,
+                  (void*)sorted_scores, (void*)idx_in, (void*)idx_out, bare_temp}) {
     BENCH_CHECK(cudaFree(p));
   }
 }

@@ -173,6 +173,7 @@ __global__ void __launch_bounds__(kThreads)
           if (s.scored[c]) sum += expf(s.p[r][c] - m_new);
         }
         for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        __syncwarp();  // every lane has read row_max[r] / row_sum[r] before lane 0 writes them
         if (lane == 0) {
           s.row_sum[r] = sum_old * expf(m_old - m_new) + sum;
           s.row_max[r] = m_new;

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/device/device_segmented_sort.cuh>
+#include <type_traits>
 
 #include "kernels/segmented_topk.h"
 #include "kernels/topk_key.h"
@@ -13,10 +14,99 @@ __device__ __forceinline__ float Penalised(float x, const TopKPenalty& penalty, 
   return penalty.values == nullptr ? x : PenalisedScore(x, penalty.values[i], penalty.lambda);
 }
 
-// One thread block per segment; the whole segment (<= THREADS * ITEMS elements) is sorted
-// in registers and shared memory. With pooling, a first sort by position puts the scores in
-// position order in shared memory, where the pooling window is read.
+// Radix select's shared state: a 256-bin histogram of the next 8 bits of the keys that share
+// the prefix chosen so far, and what warp 0 found in it.
+struct SelectStorage {
+  int32_t hist[256];
+  int32_t candidates;  // nonzero keys of the segment
+  uint32_t digit;      // the next 8 bits of the k-th largest key
+  int32_t remaining;   // how many of the keys under the new prefix are among the k best
+  int32_t done;        // 1: every key under the new prefix is among the k best
+};
+
+// Sets keep for the block's elements from their keys (blocked or striped, any arrangement):
+// protected (key 0) kept, the kk largest nonzero keys kept, the rest not; index < 0 = padding.
+// Keys are unique within a segment (the position is in the low bits), so the kk-th largest
+// is a threshold: an 8-bit radix select from the top finds it, usually in 3-4 passes over
+// registers (a pass ends the search once every key under the chosen prefix is needed).
 template <int THREADS, int ITEMS>
+__device__ void RadixSelectKeep(const uint64_t (&key)[ITEMS], const int32_t (&index)[ITEMS],
+                                int32_t kk, int32_t begin, SelectStorage& st,
+                                uint8_t* __restrict__ keep) {
+  const int lane = threadIdx.x % 32;
+  int32_t mine = 0;
+  for (int i = 0; i < ITEMS; ++i) mine += key[i] != 0;
+  for (int off = 16; off > 0; off /= 2) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+  if (threadIdx.x == 0) st.candidates = 0;
+  __syncthreads();
+  if (lane == 0 && mine > 0) atomicAdd(&st.candidates, mine);
+  __syncthreads();
+  const int32_t candidates = st.candidates;
+  int shift = 64;
+  uint64_t prefix = 0;
+  if (kk > 0 && kk < candidates) {
+    int32_t remaining = kk;
+    for (;;) {
+      shift -= 8;
+      for (int b = threadIdx.x; b < 256; b += THREADS) st.hist[b] = 0;
+      __syncthreads();
+      const uint64_t high = shift + 8 >= 64 ? 0 : ~uint64_t{0} << (shift + 8);
+      for (int i = 0; i < ITEMS; ++i) {
+        const bool in = key[i] != 0 && (key[i] & high) == prefix;
+        const int bin = in ? static_cast<int>((key[i] >> shift) & 255) : -1;
+        // Lanes with the same bin add once (scores of a head share their top bits).
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (in && lane == __ffs(peers) - 1) atomicAdd(&st.hist[bin], __popc(peers));
+      }
+      __syncthreads();
+      if (threadIdx.x < 32) {  // lane l owns bins 8l .. 8l + 7; count what lies above each
+        int32_t c[8], sum = 0;
+        for (int j = 0; j < 8; ++j) sum += (c[j] = st.hist[8 * lane + j]);
+        int32_t upto = sum;  // bins of this lane and every lane above it
+        for (int off = 1; off < 32; off *= 2) {
+          const int32_t v = __shfl_down_sync(0xffffffffu, upto, off);
+          if (lane + off < 32) upto += v;
+        }
+        int32_t above = upto - sum;
+        if (above < remaining && remaining <= upto) {
+          for (int j = 7; j >= 0; --j) {
+            if (above + c[j] >= remaining) {
+              st.digit = static_cast<uint32_t>(8 * lane + j);
+              st.remaining = remaining - above;
+              st.done = c[j] == remaining - above;
+              break;
+            }
+            above += c[j];
+          }
+        }
+      }
+      __syncthreads();
+      prefix |= uint64_t{st.digit} << shift;
+      remaining = st.remaining;
+      const bool done = st.done != 0;
+      __syncthreads();  // st read by every thread before the next pass rewrites it
+      if (done) break;  // the same for every thread; shift 0 always ends (keys are unique)
+    }
+  }
+  for (int i = 0; i < ITEMS; ++i) {
+    if (index[i] < 0) continue;
+    bool kept;
+    if (key[i] == 0) {
+      kept = true;
+    } else if (kk <= 0 || kk >= candidates) {
+      kept = kk > 0;
+    } else {
+      kept = (key[i] >> shift) >= (prefix >> shift);
+    }
+    keep[begin + index[i]] = kept ? 1 : 0;
+  }
+}
+
+// One thread block per segment; the whole segment (<= THREADS * ITEMS elements) sits in
+// registers. SELECT: radix select of the k-th best key (RadixSelectKeep); otherwise a full
+// BlockRadixSort of the keys, kept while the rank is below k. With pooling, a first sort by
+// position puts the scores in position order in shared memory, where the window is read.
+template <int THREADS, int ITEMS, bool SELECT>
 __global__ void __launch_bounds__(THREADS)
     BlockTopKKernel(const int32_t* __restrict__ offsets,    // [num_segments + 1]
                     const float* __restrict__ scores,       // [num_items]
@@ -28,24 +118,27 @@ __global__ void __launch_bounds__(THREADS)
   constexpr int kTile = THREADS * ITEMS;
   using PositionSort = cub::BlockRadixSort<uint32_t, THREADS, ITEMS, int32_t>;
   using ScoreSort = cub::BlockRadixSort<uint64_t, THREADS, ITEMS, int32_t>;
+  struct NoSort {};
+  using ScoreStorage = std::conditional_t<SELECT, NoSort, typename ScoreSort::TempStorage>;
   // raw ([n] scores in position order, pooling only) lives between the two sorts, so it
   // shares their storage; barriers separate the three uses.
   __shared__ union {
     typename PositionSort::TempStorage position;
-    typename ScoreSort::TempStorage score;
+    ScoreStorage score;
     float raw[kTile];
   } temp;
+  __shared__ SelectStorage select;
   float* raw = temp.raw;
 
   const int32_t begin = offsets[blockIdx.x];
   const int32_t n = offsets[blockIdx.x + 1] - begin;
-  if (n > kTile) __trap();                    // the host was given a wrong max_segment_len
-  const int32_t first = threadIdx.x * ITEMS;  // blocked arrangement: rank first + i
+  if (n > kTile) __trap();  // the host was given a wrong max_segment_len
 
   uint64_t key[ITEMS];   // [ITEMS] sort keys
   int32_t index[ITEMS];  // [ITEMS] element index within the segment; -1 = padding
   if (pooling != TopKPooling::kNone && pool_kernel > 1) {
-    uint32_t pos[ITEMS];  // [ITEMS]
+    const int32_t first = threadIdx.x * ITEMS;  // blocked arrangement: rank first + i
+    uint32_t pos[ITEMS];                        // [ITEMS]
     for (int i = 0; i < ITEMS; ++i) {
       const int32_t e = first + i;
       index[i] = e < n ? e : -1;
@@ -68,20 +161,25 @@ __global__ void __launch_bounds__(THREADS)
     __syncthreads();  // raw read; temp free for the score sort
   } else {
     for (int i = 0; i < ITEMS; ++i) {
-      const int32_t e = first + i;
+      const int32_t e = i * THREADS + threadIdx.x;  // striped: coalesced loads
       index[i] = e < n ? e : -1;
       key[i] = e < n ? TopKSortKey(Penalised(scores[begin + e], penalty, begin + e),
                                    positions[begin + e], protect[begin + e])
                      : 0;
     }
   }
-  ScoreSort(temp.score).SortDescending(key, index);
-  // Rank first + i: candidates (key != 0) are kept while the rank is below k; protected
-  // elements are kept; padding is skipped. Each element is written exactly once.
   const int32_t kk = k[blockIdx.x];
-  for (int i = 0; i < ITEMS; ++i) {
-    if (index[i] < 0) continue;
-    keep[begin + index[i]] = (key[i] == 0 || first + i < kk) ? 1 : 0;
+  if constexpr (SELECT) {
+    RadixSelectKeep<THREADS, ITEMS>(key, index, kk, begin, select, keep);
+  } else {
+    ScoreSort(temp.score).SortDescending(key, index);
+    // Rank first + i: candidates (key != 0) are kept while the rank is below k; protected
+    // elements are kept; padding is skipped. Each element is written exactly once.
+    const int32_t first = threadIdx.x * ITEMS;
+    for (int i = 0; i < ITEMS; ++i) {
+      if (index[i] < 0) continue;
+      keep[begin + index[i]] = (key[i] == 0 || first + i < kk) ? 1 : 0;
+    }
   }
 }
 
@@ -223,9 +321,14 @@ cudaError_t SegmentedSortTopK(void* temp, size_t* temp_bytes, const int32_t* off
 template <int THREADS, int ITEMS>
 cudaError_t LaunchBlockTopK(const int32_t* offsets, const float* scores, const int32_t* positions,
                             const uint8_t* protect, const int32_t* k, const SegmentedTopKShape& s,
-                            uint8_t* keep, cudaStream_t stream) {
-  BlockTopKKernel<THREADS, ITEMS><<<s.num_segments, THREADS, 0, stream>>>(
-      offsets, scores, positions, protect, k, s.pooling, s.pool_kernel, s.penalty, keep);
+                            bool select, uint8_t* keep, cudaStream_t stream) {
+  if (select) {
+    BlockTopKKernel<THREADS, ITEMS, true><<<s.num_segments, THREADS, 0, stream>>>(
+        offsets, scores, positions, protect, k, s.pooling, s.pool_kernel, s.penalty, keep);
+  } else {
+    BlockTopKKernel<THREADS, ITEMS, false><<<s.num_segments, THREADS, 0, stream>>>(
+        offsets, scores, positions, protect, k, s.pooling, s.pool_kernel, s.penalty, keep);
+  }
   return cudaGetLastError();
 }
 
@@ -244,14 +347,16 @@ cudaError_t SegmentedTopK(void* temp, size_t* temp_bytes, const int32_t* offsets
     return cudaErrorInvalidValue;
   }
   if (algorithm == TopKAlgorithm::kAuto) {
-    algorithm = s.max_segment_len <= kMaxBlockTopKSegment ? TopKAlgorithm::kBlockRadixSort
+    algorithm = s.max_segment_len <= kMaxBlockTopKSegment ? TopKAlgorithm::kBlockRadixSelect
                                                           : TopKAlgorithm::kSegmentedSort;
   }
   if (algorithm == TopKAlgorithm::kSegmentedSort) {
     return SegmentedSortTopK(temp, temp_bytes, offsets, scores, positions, protect, k, s, keep,
                              stream);
   }
-  if (algorithm != TopKAlgorithm::kBlockRadixSort || s.max_segment_len > kMaxBlockTopKSegment) {
+  const bool select = algorithm == TopKAlgorithm::kBlockRadixSelect;
+  if ((!select && algorithm != TopKAlgorithm::kBlockRadixSort) ||
+      s.max_segment_len > kMaxBlockTopKSegment) {
     return cudaErrorInvalidValue;
   }
   if (temp == nullptr) {
@@ -262,12 +367,12 @@ cudaError_t SegmentedTopK(void* temp, size_t* temp_bytes, const int32_t* offsets
   // DISPATCH: the segment bound -> tile shape (threads x items per thread).
   const int32_t m = s.max_segment_len;
   if (m <= 256)
-    return LaunchBlockTopK<128, 2>(offsets, scores, positions, protect, k, s, keep, stream);
+    return LaunchBlockTopK<128, 2>(offsets, scores, positions, protect, k, s, select, keep, stream);
   if (m <= 1024)
-    return LaunchBlockTopK<256, 4>(offsets, scores, positions, protect, k, s, keep, stream);
+    return LaunchBlockTopK<256, 4>(offsets, scores, positions, protect, k, s, select, keep, stream);
   if (m <= 2304)
-    return LaunchBlockTopK<256, 9>(offsets, scores, positions, protect, k, s, keep, stream);
-  return LaunchBlockTopK<512, 8>(offsets, scores, positions, protect, k, s, keep, stream);
+    return LaunchBlockTopK<256, 9>(offsets, scores, positions, protect, k, s, select, keep, stream);
+  return LaunchBlockTopK<512, 8>(offsets, scores, positions, protect, k, s, select, keep, stream);
 }
 
 }  // namespace beaconkv::kernels

@@ -11,9 +11,10 @@
 namespace beaconkv::kernels {
 
 enum class TopKAlgorithm : int32_t {
-  kAuto = 0,            // block radix sort when max_segment_len fits a tile, else segmented sort
-  kBlockRadixSort = 1,  // one thread block per segment, whole segment in shared memory
+  kAuto = 0,            // block radix select when max_segment_len fits a tile, else segmented sort
+  kBlockRadixSort = 1,  // one thread block per segment, the segment sorted in shared memory
   kSegmentedSort = 2,   // cub::DeviceSegmentedSort: the reference, and the path for long ones
+  kBlockRadixSelect = 3,  // one thread block per segment, an 8-bit radix select of the k-th key
 };
 
 // Longest segment the block path takes (one tile of one thread block).
@@ -22,9 +23,9 @@ inline constexpr int32_t kMaxBlockTopKSegment = 4096;
 // Same semantics as SegmentedTopKCpu, all arrays on the device. Two-phase temporary storage
 // as in CUB: with temp == nullptr only *temp_bytes is written (always >= 16) and nothing
 // runs. Returns cudaErrorInvalidValue for a bad shape (pool_kernel even or < 1, negative
-// sizes, kBlockRadixSort with max_segment_len > kMaxBlockTopKSegment) or a too small temp.
+// sizes, a block algorithm with max_segment_len > kMaxBlockTopKSegment) or a too small temp.
 // A segment longer than max_segment_len on the block path traps the kernel.
-// Both algorithms give exactly the CPU twin's keep mask: the sort key (score, position)
+// Every algorithm gives exactly the CPU twin's keep mask: the sort key (score, position)
 // totally orders a segment's unprotected elements. shape.penalty.values, if any, is a device
 // array.
 cudaError_t SegmentedTopK(void* temp,                // [*temp_bytes] device scratch or nullptr

@@ -209,13 +209,15 @@ if [ "${#tests[@]}" -gt 0 ] && command -v compute-sanitizer >/dev/null 2>&1; the
        "$test_dir/$2" --gtest_brief=1 --gtest_filter="$3" >"$LOGDIR/san$i.log" 2>&1
      echo $? >"$LOGDIR/san$i.rc") &
   }
-  san memcheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/4?:SegmentedTopKGpuLongTest.*'
+  san memcheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/4?:Shapes/SegmentedTopKGpuTest.*/8?:SegmentedTopKGpuLongTest.*'
   san memcheck gpu_rope_append_test '*'
   san memcheck gpu_compaction_moves_test 'Shapes/CompactionMovesGpuTest.*/4'
   san racecheck gpu_compaction_moves_test 'Shapes/CompactionMovesGpuTest.*/4'
   san memcheck gpu_paged_attention_gqa_test 'Shapes/PagedAttentionGqaGpuTest.*/1?'
   san memcheck gpu_paged_scores_test 'Shapes/PagedScoresGpuTest.*/1?'
   san racecheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/40:Shapes/SegmentedTopKGpuTest.*/41'
+  # 2026-12-04: the radix select (instances ending in 2, 5, 8: the third algorithm).
+  san racecheck gpu_segmented_topk_test 'Shapes/SegmentedTopKGpuTest.*/68:Shapes/SegmentedTopKGpuTest.*/89'
   san racecheck gpu_paged_attention_gqa_test 'Shapes/PagedAttentionGqaGpuTest.*/10:Shapes/PagedAttentionGqaGpuTest.*/13'
   san racecheck gpu_paged_scores_test 'Shapes/PagedScoresGpuTest.*/1'
   # 2026-12-03: max-logit GQA with excluded keys (Excluded/10: head_dim 32, GQA 8), 16-bit keys,

@@ -150,7 +150,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, SegmentedTopKGpuTest,
                                             ::testing::Values(Ties::kFew, Ties::kMany),
                                             ::testing::Values(1, 3, 7),
                                             ::testing::Values(TopKAlgorithm::kBlockRadixSort,
-                                                              TopKAlgorithm::kSegmentedSort)));
+                                                              TopKAlgorithm::kSegmentedSort,
+                                                              TopKAlgorithm::kBlockRadixSelect)));
 
 TEST(SegmentedTopKGpuLongTest, SegmentsPastOneTileTakeTheSegmentedSortPath) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -179,6 +180,12 @@ TEST(SegmentedTopKArgsTest, BadShapesAreErrors) {
   shape.max_segment_len = kMaxBlockTopKSegment + 1;
   EXPECT_EQ(SegmentedTopK(nullptr, &bytes, nullptr, nullptr, nullptr, nullptr, nullptr, shape,
                           TopKAlgorithm::kBlockRadixSort, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(SegmentedTopK(nullptr, &bytes, nullptr, nullptr, nullptr, nullptr, nullptr, shape,
+                          TopKAlgorithm::kBlockRadixSelect, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(SegmentedTopK(nullptr, &bytes, nullptr, nullptr, nullptr, nullptr, nullptr, shape,
+                          static_cast<TopKAlgorithm>(9), nullptr, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(SegmentedTopK(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, shape,
                           TopKAlgorithm::kAuto, nullptr, nullptr),
