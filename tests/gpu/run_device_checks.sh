@@ -246,5 +246,17 @@ if [ "${#tests[@]}" -gt 0 ] && command -v compute-sanitizer >/dev/null 2>&1; the
 else
   log "sanitizer pass skipped (no test binaries or no compute-sanitizer)"
 fi
+# 5. Optional (NCU_PROFILE=1): Nsight Compute's speed-of-light, occupancy and launch figures
+#    for the benchmark's scoring, top-k and GQA attention launches, as CSV in ncu.csv.
+if [ "${NCU_PROFILE:-0}" = 1 ] && [ -n "$bench" ] && command -v ncu >/dev/null 2>&1; then
+  if timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none --csv --page details \
+       --section SpeedOfLight --section Occupancy --section LaunchStats \
+       -k 'regex:PagedScores|GqaDecode|BlockTopK' --launch-count "${NCU_LAUNCHES:-120}" \
+       "$bench" >"$OUT/ncu.csv" 2>"$BUILD/ncu.err"; then
+    log "ncu: profile in ncu.csv ($(wc -l <"$OUT/ncu.csv") lines)"
+  else
+    log "ncu: did not finish (timeout or error): $(tail -n 2 "$BUILD/ncu.err" | tr '\n' ' ')"
+  fi
+fi
 log "== exit status $status, ${SECONDS} s"
 exit $status
