@@ -303,8 +303,12 @@ double AttentionMs(const PagedCache& c, float* q, float* out) {
   });
 }
 
-double GqaMs(const PagedCache& c, const void* k, const void* v, KvDtype dtype, float* q, float* out,
-             int32_t num_sms);
+struct GqaRun {
+  double ms = 0;
+  int32_t splits = 0, blocks_per_sm = 0;
+};
+GqaRun GqaMs(const PagedCache& c, const void* k, const void* v, KvDtype dtype, float* q, float* out,
+             int32_t num_sms, bool occupancy = true);
 
 // 2. One compression event for 64 sequences (every head of one layer; x36 for the model)
 // against one decode step's attention over the same layer.
@@ -320,7 +324,7 @@ void BenchCompression(Results& res, int32_t num_sms) {
   float* out = Alloc<float>(int64_t{kRows} * kQHeads * kHeadDim);
   Fill(q, int64_t{kRows} * kQHeads * kHeadDim, 4, 1.0f);
   const double attention_ms = AttentionMs(c, q, out);
-  const double gqa_attention_ms = GqaMs(c, c.k, c.v, KvDtype::kFloat32, q, out, num_sms);
+  const double gqa_attention_ms = GqaMs(c, c.k, c.v, KvDtype::kFloat32, q, out, num_sms).ms;
 
   // Scoring inputs: beacons (pre-RoPE) rotated to one position per sequence, then scored
   // with the recent queries.
@@ -456,22 +460,26 @@ __global__ void ToBf16(const float* x, __nv_bfloat16* y, int64_t n) {
   }
 }
 
-// The GQA kernel on cache `c` (fp32) or its bf16 copy, with its own split choice.
-double GqaMs(const PagedCache& c, const void* k, const void* v, KvDtype dtype, float* q, float* out,
-             int32_t num_sms) {
+// The GQA kernel on cache `c` (fp32) or its bf16 copy. Splits: ChooseNumSplits with the
+// kernel's occupancy (GqaBlocksPerSm), or with the old assumption of two blocks per SM.
+GqaRun GqaMs(const PagedCache& c, const void* k, const void* v, KvDtype dtype, float* q, float* out,
+             int32_t num_sms, bool occupancy) {
   const PagedAttentionShape s = ShapeOf(c);
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-  const int32_t splits = ChooseNumSplits(s, num_sms);
+  GqaRun run;
+  run.blocks_per_sm = 2;
+  if (occupancy) BENCH_CHECK(GqaBlocksPerSm(s, dtype, &run.blocks_per_sm));
+  run.splits = ChooseNumSplits(s, num_sms, run.blocks_per_sm);
   size_t bytes = 0;
   BENCH_CHECK(PagedDecodeAttentionGqa(nullptr, &bytes, q, k, v, dtype, c.tables, c.lengths, s,
-                                      scale, splits, out, nullptr));
+                                      scale, run.splits, out, nullptr));
   void* work = Alloc<char>(bytes);
-  const double ms = TimeMs(5, [&] {
+  run.ms = TimeMs(5, [&] {
     BENCH_CHECK(PagedDecodeAttentionGqa(work, &bytes, q, k, v, dtype, c.tables, c.lengths, s, scale,
-                                        splits, out, nullptr));
+                                        run.splits, out, nullptr));
   });
   BENCH_CHECK(cudaFree(work));
-  return ms;
+  return run;
 }
 
 // 3. Paged decode attention bandwidth at several batch sizes: the first kernel (fp32, one
@@ -485,7 +493,8 @@ void BenchAttentionBandwidth(Results& res, int32_t num_sms) {
     float* out_a = Alloc<float>(qn);
     float* out_b = Alloc<float>(qn);
     Fill(q, qn, 8, 1.0f);
-    double ms_first = 0, ms_fp32 = 0, ms_bf16 = 0, ms_bf16_contiguous = 0;
+    double ms_first = 0, ms_bf16_contiguous = 0;
+    GqaRun fp32, bf16, fp32_two, bf16_two;  // *_two: splits for two blocks per SM
     float max_diff = 0.0f;
     for (int layout = 0; layout < 2; ++layout) {
       PagedCache c = MakeCache(rows, layout == 0);
@@ -497,14 +506,16 @@ void BenchAttentionBandwidth(Results& res, int32_t num_sms) {
       BENCH_CHECK(cudaGetLastError());
       if (layout == 0) {
         ms_first = AttentionMs(c, q, out_a);
-        ms_fp32 = GqaMs(c, c.k, c.v, KvDtype::kFloat32, q, out_b, num_sms);
+        fp32_two = GqaMs(c, c.k, c.v, KvDtype::kFloat32, q, out_b, num_sms, false);
+        fp32 = GqaMs(c, c.k, c.v, KvDtype::kFloat32, q, out_b, num_sms);
         std::vector<float> a(qn), b(qn);
         BENCH_CHECK(cudaMemcpy(a.data(), out_a, qn * sizeof(float), cudaMemcpyDeviceToHost));
         BENCH_CHECK(cudaMemcpy(b.data(), out_b, qn * sizeof(float), cudaMemcpyDeviceToHost));
         for (int64_t i = 0; i < qn; ++i) max_diff = std::max(max_diff, std::abs(a[i] - b[i]));
-        ms_bf16 = GqaMs(c, kb, vb, KvDtype::kBFloat16, q, out_b, num_sms);
+        bf16_two = GqaMs(c, kb, vb, KvDtype::kBFloat16, q, out_b, num_sms, false);
+        bf16 = GqaMs(c, kb, vb, KvDtype::kBFloat16, q, out_b, num_sms);
       } else {
-        ms_bf16_contiguous = GqaMs(c, kb, vb, KvDtype::kBFloat16, q, out_b, num_sms);
+        ms_bf16_contiguous = GqaMs(c, kb, vb, KvDtype::kBFloat16, q, out_b, num_sms).ms;
       }
       BENCH_CHECK(cudaFree(kb));
       BENCH_CHECK(cudaFree(vb));
@@ -516,21 +527,29 @@ void BenchAttentionBandwidth(Results& res, int32_t num_sms) {
     // Bytes a step must read at least: K and V of every head once.
     const double elems = 2.0 * rows * kKvHeads * kTokens * kHeadDim;
     const double bw_first = elems * 4 / (ms_first * 1e-3);
-    const double bw_fp32 = elems * 4 / (ms_fp32 * 1e-3);
-    const double bw_bf16 = elems * 2 / (ms_bf16 * 1e-3);
+    const double bw_fp32 = elems * 4 / (fp32.ms * 1e-3);
+    const double bw_bf16 = elems * 2 / (bf16.ms * 1e-3);
     std::printf(
         "attention batch %3d: first kernel %.3f ms (%.1f%% of 4.8 TB/s); GQA fp32 %.3f "
-        "ms (%.1f%%); GQA bf16 %.3f ms (%.1f%%), contiguous %.3f ms; |GQA fp32 - first| "
-        "<= %.2g\n",
-        rows, ms_first, 100 * bw_first / kPeakBytesPerSecond, ms_fp32,
-        100 * bw_fp32 / kPeakBytesPerSecond, ms_bf16, 100 * bw_bf16 / kPeakBytesPerSecond,
-        ms_bf16_contiguous, max_diff);
+        "ms (%.1f%%; %d splits at %d blocks/SM, %.3f ms with %d for two); GQA bf16 %.3f ms "
+        "(%.1f%%; %d splits at %d blocks/SM, %.3f ms with %d for two), contiguous %.3f ms; "
+        "|GQA fp32 - first| <= %.2g\n",
+        rows, ms_first, 100 * bw_first / kPeakBytesPerSecond, fp32.ms,
+        100 * bw_fp32 / kPeakBytesPerSecond, fp32.splits, fp32.blocks_per_sm, fp32_two.ms,
+        fp32_two.splits, bf16.ms, 100 * bw_bf16 / kPeakBytesPerSecond, bf16.splits,
+        bf16.blocks_per_sm, bf16_two.ms, bf16_two.splits, ms_bf16_contiguous, max_diff);
     const std::string key = "attention_b" + std::to_string(rows);
     res.Add(key + "_first_kernel_ms", ms_first);
     res.Add(key + "_first_kernel_peak_fraction", bw_first / kPeakBytesPerSecond);
-    res.Add(key + "_gqa_fp32_ms", ms_fp32);
+    res.Add(key + "_gqa_fp32_ms", fp32.ms);
+    res.Add(key + "_gqa_fp32_splits", fp32.splits);
+    res.Add(key + "_gqa_fp32_blocks_per_sm", fp32.blocks_per_sm);
+    res.Add(key + "_gqa_fp32_ms_two_blocks_rule", fp32_two.ms);
     res.Add(key + "_gqa_fp32_peak_fraction", bw_fp32 / kPeakBytesPerSecond);
-    res.Add(key + "_gqa_bf16_ms", ms_bf16);
+    res.Add(key + "_gqa_bf16_ms", bf16.ms);
+    res.Add(key + "_gqa_bf16_splits", bf16.splits);
+    res.Add(key + "_gqa_bf16_blocks_per_sm", bf16.blocks_per_sm);
+    res.Add(key + "_gqa_bf16_ms_two_blocks_rule", bf16_two.ms);
     res.Add(key + "_gqa_bf16_peak_fraction", bw_bf16 / kPeakBytesPerSecond);
     res.Add(key + "_gqa_bf16_contiguous_ms", ms_bf16_contiguous);
     res.Add(key + "_gqa_fp32_max_abs_diff_vs_first", max_diff);

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
+#include "kernels/kv_dtype_device.cuh"
 #include "kernels/paged_attention_gqa.h"
 
 namespace beaconkv::kernels {
@@ -232,59 +234,77 @@ cudaError_t Launch(void* workspace, const float* q, const void* k, const void* v
   return cudaGetLastError();
 }
 
-template <typename T, int HEAD_DIM>
-cudaError_t DispatchGroup(void* workspace, const float* q, const void* k, const void* v,
-                          const int32_t* tables, const int32_t* lengths,
-                          const PagedAttentionShape& s, float scale, int32_t splits, float* out,
-                          cudaStream_t stream) {
-  // DISPATCH: GQA group size -> template argument.
-  switch (s.num_heads / s.num_kv_heads) {
-    case 1:
-      return Launch<T, HEAD_DIM, 1>(workspace, q, k, v, tables, lengths, s, scale, splits, out,
-                                    stream);
-    case 2:
-      return Launch<T, HEAD_DIM, 2>(workspace, q, k, v, tables, lengths, s, scale, splits, out,
-                                    stream);
-    case 4:
-      return Launch<T, HEAD_DIM, 4>(workspace, q, k, v, tables, lengths, s, scale, splits, out,
-                                    stream);
-    case 8:
-      return Launch<T, HEAD_DIM, 8>(workspace, q, k, v, tables, lengths, s, scale, splits, out,
-                                    stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
+template <int N>
+using Int = std::integral_constant<int, N>;
 
-template <typename T>
-cudaError_t DispatchHeadDim(void* workspace, const float* q, const void* k, const void* v,
-                            const int32_t* tables, const int32_t* lengths,
-                            const PagedAttentionShape& s, float scale, int32_t splits, float* out,
-                            cudaStream_t stream) {
-  // DISPATCH: runtime head_dim -> template argument.
-  switch (s.head_dim) {
-    case 32:
-      return DispatchGroup<T, 32>(workspace, q, k, v, tables, lengths, s, scale, splits, out,
-                                  stream);
-    case 64:
-      return DispatchGroup<T, 64>(workspace, q, k, v, tables, lengths, s, scale, splits, out,
-                                  stream);
-    case 128:
-      return DispatchGroup<T, 128>(workspace, q, k, v, tables, lengths, s, scale, splits, out,
-                                   stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+// Calls f(T{}, Int<HEAD_DIM>{}, Int<GROUP>{}) for the kernel instantiation that serves
+// (dtype, head_dim, group); cudaErrorInvalidValue for one that does not exist.
+template <typename F>
+cudaError_t DispatchGqa(KvDtype dtype, int32_t head_dim, int32_t group, F&& f) {
+  // DISPATCH: storage type, runtime head_dim, then GQA group size -> template arguments.
+  return DispatchKvDtype(dtype, [&](auto zero) -> cudaError_t {
+    auto by_group = [&](auto hd) -> cudaError_t {
+      switch (group) {
+        case 1:
+          return f(zero, hd, Int<1>{});
+        case 2:
+          return f(zero, hd, Int<2>{});
+        case 4:
+          return f(zero, hd, Int<4>{});
+        case 8:
+          return f(zero, hd, Int<8>{});
+        default:
+          return cudaErrorInvalidValue;
+      }
+    };
+    switch (head_dim) {
+      case 32:
+        return by_group(Int<32>{});
+      case 64:
+        return by_group(Int<64>{});
+      case 128:
+        return by_group(Int<128>{});
+      default:
+        return cudaErrorInvalidValue;
+    }
+  });
 }
 
 }  // namespace
 
-int32_t ChooseNumSplits(const PagedAttentionShape& s, int32_t num_sms) {
+int32_t ChooseNumSplits(const PagedAttentionShape& s, int32_t num_sms, int32_t blocks_per_sm) {
   const int64_t blocks = int64_t{s.rows} * s.num_kv_heads;
-  if (blocks <= 0) return 1;
-  const int64_t want = (2 * int64_t{num_sms} + blocks - 1) / blocks;
+  if (blocks <= 0 || num_sms < 1 || blocks_per_sm < 1) return 1;
+  const int64_t slots = int64_t{num_sms} * blocks_per_sm;
   const int64_t most = std::max<int64_t>(1, (int64_t{s.max_blocks} * s.block_size + 255) / 256);
-  return static_cast<int32_t>(std::clamp<int64_t>(want, 1, most));
+  // The share of the slots that the launch's waves keep busy; the fewest splits within 5 % of
+  // the best share.
+  auto fill = [&](int64_t splits) {
+    const int64_t total = blocks * splits;
+    const int64_t waves = (total + slots - 1) / slots;
+    return static_cast<double>(total) / static_cast<double>(waves * slots);
+  };
+  double best = 0.0;
+  for (int64_t t = 1; t <= most; ++t) best = std::max(best, fill(t));
+  for (int64_t t = 1; t <= most; ++t) {
+    if (fill(t) >= 0.95 * best) return static_cast<int32_t>(t);
+  }
+  return static_cast<int32_t>(most);
+}
+
+cudaError_t GqaBlocksPerSm(const PagedAttentionShape& s, KvDtype dtype, int32_t* blocks_per_sm) {
+  if (blocks_per_sm == nullptr || s.num_kv_heads < 1 || s.num_heads % s.num_kv_heads != 0) {
+    return cudaErrorInvalidValue;
+  }
+  return DispatchGqa(
+      dtype, s.head_dim, s.num_heads / s.num_kv_heads, [&](auto zero, auto hd, auto g) {
+        using T = decltype(zero);
+        int n = 0;
+        const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, GqaDecodeKernel<T, decltype(hd)::value, decltype(g)::value>, kWarps * 32, 0);
+        *blocks_per_sm = n;
+        return err;
+      });
 }
 
 cudaError_t PagedDecodeAttentionGqa(void* workspace, size_t* workspace_bytes, const float* q,
@@ -309,19 +329,10 @@ cudaError_t PagedDecodeAttentionGqa(void* workspace, size_t* workspace_bytes, co
   }
   if (*workspace_bytes < need) return cudaErrorInvalidValue;
   if (s.rows == 0) return cudaSuccess;
-  // DISPATCH: storage type -> template argument.
-  switch (dtype) {
-    case KvDtype::kFloat32:
-      return DispatchHeadDim<float>(workspace, q, k_cache, v_cache, block_tables, lengths, s, scale,
-                                    num_splits, out, stream);
-    case KvDtype::kBFloat16:
-      return DispatchHeadDim<__nv_bfloat16>(workspace, q, k_cache, v_cache, block_tables, lengths,
-                                            s, scale, num_splits, out, stream);
-    case KvDtype::kFloat16:
-      return DispatchHeadDim<__half>(workspace, q, k_cache, v_cache, block_tables, lengths, s,
-                                     scale, num_splits, out, stream);
-  }
-  return cudaErrorInvalidValue;
+  return DispatchGqa(dtype, s.head_dim, group, [&](auto zero, auto hd, auto g) {
+    return Launch<decltype(zero), decltype(hd)::value, decltype(g)::value>(
+        workspace, q, k_cache, v_cache, block_tables, lengths, s, scale, num_splits, out, stream);
+  });
 }
 
 }  // namespace beaconkv::kernels

@@ -18,9 +18,16 @@
 
 namespace beaconkv::kernels {
 
-// A number of splits that gives the GPU about two thread blocks per SM: 1 when rows x
-// kv_heads already fill it, at most one split per 256 tokens of max_len.
-int32_t ChooseNumSplits(const PagedAttentionShape& shape, int32_t num_sms);
+// The number of splits (1 .. one per 256 tokens of max_len) whose rows x kv_heads x splits
+// thread blocks keep the largest share of the GPU's num_sms x blocks_per_sm resident slots
+// busy over their waves; the fewest splits within 5 % of the best. blocks_per_sm: what
+// GqaBlocksPerSm says for the kernel that will run (2 if unknown).
+int32_t ChooseNumSplits(const PagedAttentionShape& shape, int32_t num_sms,
+                        int32_t blocks_per_sm = 2);
+
+// How many thread blocks of the kernel serving (shape, dtype) one SM of the current device
+// holds at once (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
+cudaError_t GqaBlocksPerSm(const PagedAttentionShape& shape, KvDtype dtype, int32_t* blocks_per_sm);
 
 // Same arguments and result as PagedDecodeAttention, plus: `dtype` of k_cache / v_cache
 // (q and out stay fp32), `num_splits` >= 1, and two-phase workspace (CUB style: with

@@ -19,11 +19,14 @@ template <int HEAD_DIM>
 struct Smem {
   static constexpr int kPad = HEAD_DIM + 1;  // odd row stride: no bank conflicts
   float q[kRows][kPad];                      // [rows of the chunk, head_dim]
-  float k[kKeys][kPad];                      // [keys of the tile, head_dim]
-  float p[kRows][kKeys + 1];                 // [rows, keys] logits, then probabilities
-  float row_max[kRows];                      // [rows] running max of the logits
-  float row_sum[kRows];                      // [rows] running sum of exp(logit - max)
-  int scored[kKeys];                         // [keys of the tile] 1 = in the softmax
+  union {  // a tile's keys are dead once its logits are in registers: p reuses their memory,
+           // so three blocks fit an SM at head_dim 128 (two without the union)
+    float k[kKeys][kPad];       // [keys of the tile, head_dim]
+    float p[kRows][kKeys + 1];  // [rows, keys] logits, then probabilities
+  };
+  float row_max[kRows];  // [rows] running max of the logits
+  float row_sum[kRows];  // [rows] running sum of exp(logit - max)
+  int scored[kKeys];     // [keys of the tile] 1 = in the softmax
 };
 
 // Four consecutive elements of the cache as floats (one 16- or 8-byte load).
@@ -151,6 +154,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
       float acc[kMicro][kMicro];
       TileLogits<HEAD_DIM>(s, scale, acc);
+      __syncthreads();  // s.k read by every thread: s.p (same memory) may be written
       for (int a = 0; a < kMicro; ++a)
         for (int b = 0; b < kMicro; ++b) s.p[ty + kGroups * a][tx + kGroups * b] = acc[a][b];
       __syncthreads();
@@ -189,6 +193,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
       float acc[kMicro][kMicro];
       TileLogits<HEAD_DIM>(s, scale, acc);
+      __syncthreads();   // s.k read by every thread: s.p (same memory) may be written
       if (max_logits) {  // logits, the group's max, then the probabilities of that row
         for (int a = 0; a < kMicro; ++a)
           for (int b = 0; b < kMicro; ++b) s.p[ty + kGroups * a][tx + kGroups * b] = acc[a][b];
@@ -242,6 +247,12 @@ cudaError_t Launch(const T* k_cache, const int32_t* block_tables, const int32_t*
   cudaError_t err =
       cudaFuncSetAttribute(PagedScoresKernel<T, HEAD_DIM>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  // All of L1 as shared memory when it lets more blocks stay resident (the kernel reads the
+  // keys once per tile into shared memory; it does not rely on L1 hits).
+  err = cudaFuncSetAttribute(PagedScoresKernel<T, HEAD_DIM>,
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HEAD_DIM));
   PagedScoresKernel<T, HEAD_DIM><<<shape.num_heads, kThreads, smem, stream>>>(

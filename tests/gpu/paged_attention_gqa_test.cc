@@ -100,10 +100,40 @@ TEST(PagedAttentionGqaArgsTest, UnsupportedShapesAreErrorsAndSplitsAreBounded) {
   EXPECT_EQ(PagedDecodeAttentionGqa(nullptr, &bytes, nullptr, nullptr, nullptr, KvDtype::kFloat32,
                                     nullptr, nullptr, s, 1.0f, 1, nullptr, nullptr),
             cudaErrorInvalidValue);
-  s = {1, 32, 8, 128, 16, 136};           // 2,176 tokens, 8 blocks of work
-  EXPECT_EQ(ChooseNumSplits(s, 132), 9);  // ceil(2 * 132 / 8) = 33 capped at 2176 / 256
-  s.rows = 256;
-  EXPECT_EQ(ChooseNumSplits(s, 132), 1);
+  // 2,176 tokens (at most 9 splits), 8 kv heads, 132 SMs. The share of the resident slots
+  // that t splits keep busy is 8 rows t / (waves x slots).
+  s = {1, 32, 8, 128, 16, 136};
+  EXPECT_EQ(ChooseNumSplits(s, 132), 9);     // 72 / 264 slots: as many as allowed
+  EXPECT_EQ(ChooseNumSplits(s, 132, 8), 9);  // 72 / 1,056
+  s.rows = 16;                               // 128 blocks
+  EXPECT_EQ(ChooseNumSplits(s, 132, 8), 8);  // 1,024 / 1,056 (9: 1,152 over two waves)
+  EXPECT_EQ(ChooseNumSplits(s, 132, 4), 4);  // 512 / 528
+  s.rows = 64;                               // 512 blocks
+  EXPECT_EQ(ChooseNumSplits(s, 132, 8), 2);  // 1 fills 48 %, 2 fill 97 %
+  EXPECT_EQ(ChooseNumSplits(s, 132, 4), 1);  // 512 / 528 already
+  s.rows = 256;                              // 2,048 blocks
+  EXPECT_EQ(ChooseNumSplits(s, 132), 1);     // 97 % over 8 waves; 9 splits' 99.7 % is within 5 %
+  EXPECT_EQ(ChooseNumSplits(s, 132, 8), 1);
+  EXPECT_EQ(ChooseNumSplits(s, 0, 8), 1);  // nonsense in, no split
+  s.rows = 0;
+  EXPECT_EQ(ChooseNumSplits(s, 132, 8), 1);
+}
+
+TEST(PagedAttentionGqaOccupancyTest, EveryKernelFitsAtLeastOneBlockPerSm) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (KvDtype dtype : {KvDtype::kFloat32, KvDtype::kBFloat16, KvDtype::kFloat16}) {
+    for (int32_t head_dim : {32, 64, 128}) {
+      for (int32_t group : {1, 2, 4, 8}) {
+        const PagedAttentionShape s{4, 8 * group, 8, head_dim, 16, 8};
+        int32_t n = 0;
+        ASSERT_EQ(GqaBlocksPerSm(s, dtype, &n), cudaSuccess) << head_dim << " " << group;
+        EXPECT_GE(n, 1) << head_dim << " " << group;
+      }
+    }
+  }
+  int32_t n = 0;
+  const PagedAttentionShape bad{4, 24, 8, 128, 16, 8};  // group 3
+  EXPECT_EQ(GqaBlocksPerSm(bad, KvDtype::kFloat32, &n), cudaErrorInvalidValue);
 }
 
 }  // namespace
