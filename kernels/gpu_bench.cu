@@ -563,8 +563,15 @@ void BenchAttentionBandwidth(Results& res, int32_t num_sms) {
 int main(int argc, char** argv) {
   using namespace beaconkv::kernels;
   const char* json_path = nullptr;
+  std::string only;  // --only topk|compression|attention: one part (e.g. under a profiler)
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) json_path = argv[i + 1];
+    if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
+  }
+  if (!only.empty() && only != "topk" && only != "compression" && only != "attention") {
+    std::fprintf(stderr, "gpu_bench: --only takes topk, compression or attention, not '%s'\n",
+                 only.c_str());
+    return 2;
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -576,9 +583,9 @@ int main(int argc, char** argv) {
   std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
   Results res;
   res.AddString("device", prop.name);
-  BenchTopK(res);
-  BenchCompression(res, prop.multiProcessorCount);
-  BenchAttentionBandwidth(res, prop.multiProcessorCount);
+  if (only.empty() || only == "topk") BenchTopK(res);
+  if (only.empty() || only == "compression") BenchCompression(res, prop.multiProcessorCount);
+  if (only.empty() || only == "attention") BenchAttentionBandwidth(res, prop.multiProcessorCount);
   if (json_path != nullptr) {
     FILE* f = std::fopen(json_path, "w");
     if (f == nullptr) {

@@ -15,16 +15,14 @@ constexpr int kGroups = 16;  // kRows / kMicro row groups x kKeys / kMicro key g
 static_assert(kGroups * kMicro == kRows && kGroups * kMicro == kKeys, "tile shape");
 static_assert(kGroups * kGroups == kThreads, "one thread per micro-tile");
 
-// The chunk's query rows and the tile's keys are stored transposed ([dim][row], [dim][key]), so
-// that a thread reads its kMicro rows and kMicro keys at one dim with two 16-byte loads.
 template <int HEAD_DIM>
 struct Smem {
-  static constexpr int kKeyStride = kKeys + 4;  // multiple of 4 (16-byte loads); +4 spreads
-                                                // LoadKeyTile's transposed stores over banks
-  alignas(16) float q[HEAD_DIM][kRows];         // [head_dim, rows of the chunk]
-  union {  // a tile's keys are dead once its logits are in registers: p reuses their memory
-    alignas(16) float k[HEAD_DIM][kKeyStride];  // [head_dim, keys of the tile]
-    float p[kRows][kKeys + 1];                  // [rows, keys] logits, then probabilities
+  static constexpr int kPad = HEAD_DIM + 1;  // odd row stride: no bank conflicts
+  float q[kRows][kPad];                      // [rows of the chunk, head_dim]
+  union {  // a tile's keys are dead once its logits are in registers: p reuses their memory,
+           // so three blocks fit an SM at head_dim 128 (two without the union)
+    float k[kKeys][kPad];       // [keys of the tile, head_dim]
+    float p[kRows][kKeys + 1];  // [rows, keys] logits, then probabilities
   };
   float row_max[kRows];  // [rows] running max of the logits
   float row_sum[kRows];  // [rows] running sum of exp(logit - max)
@@ -52,42 +50,34 @@ __device__ void LoadKeyTile(const T* __restrict__ k_cache, const int32_t* __rest
     const int32_t j = j0 + threadIdx.x;
     s.scored[threadIdx.x] = j < n && (excluded == nullptr || excluded[j] == 0);
   }
-  // Four elements per load. A warp's 32 loads cover 8 keys x 4 consecutive groups of four
-  // (64 contiguous bytes per key: whole sectors), and its transposed stores hit 16 banks.
-  constexpr int kVec = HEAD_DIM / 4;  // loads of four elements per key (>= 8)
-  static_assert(kVec % 4 == 0 && kKeys % 8 == 0, "load mapping");
+  constexpr int kVec = HEAD_DIM / 4;  // loads of four elements per key
   for (int i = threadIdx.x; i < kKeys * kVec; i += kThreads) {
-    const int rest = i >> 5;
-    const int key = (rest % (kKeys / 8)) * 8 + ((i >> 2) & 7);
-    const int part = (rest / (kKeys / 8)) * 4 + (i & 3);
+    const int key = i / kVec, part = i % kVec;
     const int32_t j = j0 + key;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (j < n) {
       const int64_t slot = int64_t{table[j / block_size]} * block_size + j % block_size;
       v = Load4(k_cache + slot * HEAD_DIM + part * 4);
     }
-    s.k[part * 4 + 0][key] = v.x;
-    s.k[part * 4 + 1][key] = v.y;
-    s.k[part * 4 + 2][key] = v.z;
-    s.k[part * 4 + 3][key] = v.w;
+    float* dst = &s.k[key][part * 4];
+    dst[0] = v.x;
+    dst[1] = v.y;
+    dst[2] = v.z;
+    dst[3] = v.w;
   }
 }
 
-// Logits of the chunk's rows against the tile's keys: acc[a][b] for row kMicro ty + a, key
-// kMicro tx + b. Each logit is the same fmaf chain over d = 0 .. head_dim - 1 as before the
-// transposed layout.
+// Logits of the chunk's rows against the tile's keys: acc[a][b] for row ty + 16a, key tx + 16b.
 template <int HEAD_DIM>
 __device__ void TileLogits(const Smem<HEAD_DIM>& s, float scale, float (&acc)[kMicro][kMicro]) {
-  static_assert(kMicro == 4, "one float4 of rows and one of keys per dim");
   const int tx = threadIdx.x % kGroups, ty = threadIdx.x / kGroups;
   for (int a = 0; a < kMicro; ++a)
     for (int b = 0; b < kMicro; ++b) acc[a][b] = 0.0f;
 #pragma unroll 8
   for (int d = 0; d < HEAD_DIM; ++d) {
-    const float4 q4 = *reinterpret_cast<const float4*>(&s.q[d][ty * kMicro]);
-    const float4 k4 = *reinterpret_cast<const float4*>(&s.k[d][tx * kMicro]);
-    const float qa[kMicro] = {q4.x, q4.y, q4.z, q4.w};
-    const float kb[kMicro] = {k4.x, k4.y, k4.z, k4.w};
+    float qa[kMicro], kb[kMicro];
+    for (int a = 0; a < kMicro; ++a) qa[a] = s.q[ty + kGroups * a][d];
+    for (int b = 0; b < kMicro; ++b) kb[b] = s.k[tx + kGroups * b][d];
     for (int a = 0; a < kMicro; ++a)
       for (int b = 0; b < kMicro; ++b) acc[a][b] = fmaf(qa[a], kb[b], acc[a][b]);
   }
@@ -150,8 +140,8 @@ __global__ void __launch_bounds__(kThreads)
     const float* qsrc = queries + (int64_t{q0} + cq) * g * HEAD_DIM;  // [rows, head_dim]
     __syncthreads();  // the previous chunk is done with s
     for (int i = threadIdx.x; i < kRows * HEAD_DIM; i += kThreads) {
-      const int r = i % kRows, d = i / kRows;  // consecutive threads: consecutive banks
-      s.q[d][r] = r < rows ? qsrc[int64_t{r} * HEAD_DIM + d] : 0.0f;
+      const int r = i / HEAD_DIM, d = i % HEAD_DIM;
+      s.q[r][d] = r < rows ? qsrc[int64_t{r} * HEAD_DIM + d] : 0.0f;
     }
     if (threadIdx.x < kRows) {
       s.row_max[threadIdx.x] = -FLT_MAX;
@@ -166,7 +156,7 @@ __global__ void __launch_bounds__(kThreads)
       TileLogits<HEAD_DIM>(s, scale, acc);
       __syncthreads();  // s.k read by every thread: s.p (same memory) may be written
       for (int a = 0; a < kMicro; ++a)
-        for (int b = 0; b < kMicro; ++b) s.p[kMicro * ty + a][kMicro * tx + b] = acc[a][b];
+        for (int b = 0; b < kMicro; ++b) s.p[ty + kGroups * a][tx + kGroups * b] = acc[a][b];
       __syncthreads();
       if (max_logits) {
         GroupMaxLogits<HEAD_DIM>(queries_here, g, s);
@@ -206,7 +196,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();   // s.k read by every thread: s.p (same memory) may be written
       if (max_logits) {  // logits, the group's max, then the probabilities of that row
         for (int a = 0; a < kMicro; ++a)
-          for (int b = 0; b < kMicro; ++b) s.p[kMicro * ty + a][kMicro * tx + b] = acc[a][b];
+          for (int b = 0; b < kMicro; ++b) s.p[ty + kGroups * a][tx + kGroups * b] = acc[a][b];
         __syncthreads();
         GroupMaxLogits<HEAD_DIM>(queries_here, g, s);
         __syncthreads();
@@ -216,10 +206,10 @@ __global__ void __launch_bounds__(kThreads)
         }
       } else {
         for (int a = 0; a < kMicro; ++a) {
-          const int r = kMicro * ty + a;
+          const int r = ty + kGroups * a;
           if (r >= rows) continue;
           for (int b = 0; b < kMicro; ++b) {
-            s.p[r][kMicro * tx + b] = __fmul_rn(expf(acc[a][b] - s.row_max[r]), s.row_sum[r]);
+            s.p[r][tx + kGroups * b] = __fmul_rn(expf(acc[a][b] - s.row_max[r]), s.row_sum[r]);
           }
         }
       }

@@ -258,5 +258,21 @@ if [ "${NCU_PROFILE:-0}" = 1 ] && [ -n "$bench" ] && command -v ncu >/dev/null 2
     log "ncu: did not finish (timeout or error): $(tail -n 2 "$BUILD/ncu.err" | tr '\n' ' ')"
   fi
 fi
+# 6. Optional (NCU_DEEP=1): Nsight Compute's full set (stall reasons, pipes, memory tables) for
+#    one scoring launch and one bf16 GQA attention launch at batch 256 (launch 108 of the
+#    attention part: 30 GQA launches per batch size, the bf16 one after three others).
+if [ "${NCU_DEEP:-0}" = 1 ] && [ -n "$bench" ] && command -v ncu >/dev/null 2>&1; then
+  deep() {  # name part kernel skip
+    if timeout "${NCU_TIMEOUT:-150}" ncu --clock-control none --set full -k "regex:$3" \
+         --launch-skip "$4" --launch-count 1 "$bench" --only "$2" >"$OUT/ncu_$1.txt" \
+         2>"$BUILD/ncu_$1.err"; then
+      log "ncu --set full: $3 ($2, launch $4) in ncu_$1.txt"
+    else
+      log "ncu --set full: $3 did not finish: $(tail -n 2 "$BUILD/ncu_$1.err" | tr '\n' ' ')"
+    fi
+  }
+  deep scores compression PagedScoresKernel 0
+  deep gqa_bf16 attention GqaDecodeKernel 108
+fi
 log "== exit status $status, ${SECONDS} s"
 exit $status
