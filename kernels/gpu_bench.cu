@@ -360,11 +360,32 @@ void BenchCompression(Results& res, int32_t num_sms) {
     BENCH_CHECK(RotateRows(beacons, d_beacon_row, angle_table, heads * kBeacons, kHeadDim, beacons,
                            nullptr));
   });
+  // One block per head (max_queries unknown), then the heads' query chunks spread over
+  // several blocks (what GpuScorer asks for); the second is the event's scoring time.
+  const double score_one_block_ms = TimeMs(3, [&] {
+    BENCH_CHECK(PagedAttentionScores(c.k, KvDtype::kFloat32, c.tables, c.lengths, d_table_of_head,
+                                     queries, d_query_offsets, d_score_offsets, nullptr, ss, scores,
+                                     nullptr));
+  });
+  std::vector<float> scores_one_block(int64_t{heads} * kTokens);
+  BENCH_CHECK(cudaMemcpy(scores_one_block.data(), scores, scores_one_block.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+  ss.max_queries = queries_per_head;
   const double score_ms = TimeMs(3, [&] {
     BENCH_CHECK(PagedAttentionScores(c.k, KvDtype::kFloat32, c.tables, c.lengths, d_table_of_head,
                                      queries, d_query_offsets, d_score_offsets, nullptr, ss, scores,
                                      nullptr));
   });
+  std::vector<float> scores_split(scores_one_block.size());
+  BENCH_CHECK(cudaMemcpy(scores_split.data(), scores, scores_split.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+  const bool split_same = scores_split == scores_one_block;  // max over queries: exact
+  std::printf(
+      "  scoring: %.3f ms with one block per head, %.3f ms spread over blocks (%.2fx), "
+      "same scores: %s\n",
+      score_one_block_ms, score_ms, score_one_block_ms / score_ms, split_same ? "yes" : "NO");
+  res.Add("scoring_one_block_per_head_ms_per_layer", score_one_block_ms);
+  res.AddBool("scoring_split_same_scores", split_same);
   // Top-k over the scores just computed.
   int32_t* positions = Alloc<int32_t>(int64_t{heads} * kTokens);
   uint8_t* protect = Alloc<uint8_t>(int64_t{heads} * kTokens);

@@ -127,14 +127,18 @@ __global__ void __launch_bounds__(kThreads)
   const int row_step = max_logits ? g : 1;  // rows that hold a softmax
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int tx = threadIdx.x % kGroups, ty = threadIdx.x / kGroups;
+  // Several blocks per head (gridDim.y > 1, query == kMax only): block y takes chunks y,
+  // y + gridDim.y, ... and folds its chunk maxima into out (zeroed by ZeroScoresKernel) with
+  // an integer atomicMax, exact for the non-negative probabilities.
+  const bool split = gridDim.y > 1;
   if (nq == 0) {
-    for (int32_t j = threadIdx.x; j < n; j += kThreads) {
+    for (int32_t j = threadIdx.x; j < n && blockIdx.y == 0; j += kThreads) {
       out[j] = skip != nullptr && skip[j] ? shape.excluded_score : 0.0f;
     }
     return;
   }
   const int chunk_queries = kRows / g;
-  for (int32_t cq = 0; cq < nq; cq += chunk_queries) {
+  for (int32_t cq = blockIdx.y * chunk_queries; cq < nq; cq += gridDim.y * chunk_queries) {
     const int queries_here = min(chunk_queries, nq - cq);
     const int rows = queries_here * g;
     const float* qsrc = queries + (int64_t{q0} + cq) * g * HEAD_DIM;  // [rows, head_dim]
@@ -216,10 +220,10 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
       const int32_t j = j0 + threadIdx.x;
       if (threadIdx.x < kKeys && j < n && !s.scored[threadIdx.x]) {
-        out[j] = shape.excluded_score;
+        if (blockIdx.y == 0) out[j] = shape.excluded_score;
       } else if (threadIdx.x < kKeys && j < n) {
         const int c = threadIdx.x;
-        float total = cq == 0 ? 0.0f : out[j];
+        float total = cq == 0 || split ? 0.0f : out[j];
         for (int q = 0; q < queries_here; ++q) {
           float red = s.p[q * g][c];
           for (int m = 1; m < g && !max_logits; ++m) {
@@ -232,10 +236,31 @@ __global__ void __launch_bounds__(kThreads)
         if (shape.query == ScoreQuery::kMean && cq + queries_here == nq) {
           total = __fmul_rn(total, 1.0f / nq);
         }
-        out[j] = total;
+        if (split) {
+          atomicMax(reinterpret_cast<int*>(out + j), __float_as_int(total));  // total >= +0
+        } else {
+          out[j] = total;
+        }
       }
     }
   }
+}
+
+// out[score_offsets[h] ..] = 0 for every head: the start of the split kernel's atomicMax.
+__global__ void ZeroScoresKernel(const int32_t* __restrict__ score_offsets,  // [num_heads + 1]
+                                 float* __restrict__ scores) {
+  const int32_t begin = score_offsets[blockIdx.x], end = score_offsets[blockIdx.x + 1];
+  for (int32_t j = begin + threadIdx.x; j < end; j += blockDim.x) scores[j] = 0.0f;
+}
+
+// Thread blocks per head: a head's query chunks spread over up to kMaxBlocksPerHead blocks
+// when the reduction over queries is a max (order-free) and the caller gave max_queries.
+constexpr int kMaxBlocksPerHead = 16;
+int BlocksPerHead(const PagedScoresShape& shape) {
+  if (shape.query != ScoreQuery::kMax || shape.max_queries <= 0) return 1;
+  const int chunk_queries = kRows / shape.group_size;
+  const int chunks = (shape.max_queries + chunk_queries - 1) / chunk_queries;
+  return chunks < kMaxBlocksPerHead ? chunks : kMaxBlocksPerHead;
 }
 
 template <typename T, int HEAD_DIM>
@@ -255,7 +280,10 @@ cudaError_t Launch(const T* k_cache, const int32_t* block_tables, const int32_t*
                              cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HEAD_DIM));
-  PagedScoresKernel<T, HEAD_DIM><<<shape.num_heads, kThreads, smem, stream>>>(
+  const int per_head = BlocksPerHead(shape);
+  if (per_head > 1) ZeroScoresKernel<<<shape.num_heads, 256, 0, stream>>>(score_offsets, scores);
+  const dim3 grid(shape.num_heads, per_head);
+  PagedScoresKernel<T, HEAD_DIM><<<grid, kThreads, smem, stream>>>(
       k_cache, block_tables, lengths, table_of_head, queries, query_offsets, score_offsets,
       excluded, shape, scale, scores);
   return cudaGetLastError();

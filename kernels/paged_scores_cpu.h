@@ -33,6 +33,10 @@ struct PagedScoresShape {
   ScoreGqa gqa = ScoreGqa::kMaxProbs;
   ScoreQuery query = ScoreQuery::kMax;
   float excluded_score = 0.0f;  // the score of an excluded key
+  // The most queries any head has, if the caller knows it (0: unknown). The CUDA kernel uses it
+  // to spread a head's query chunks over several thread blocks when query == kMax; any value
+  // gives the same scores. The CPU twin ignores it.
+  int32_t max_queries = 0;
 };
 
 void PagedAttentionScoresCpu(const float* k_cache,          // [num_blocks, block_size, head_dim]

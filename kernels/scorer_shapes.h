@@ -2,6 +2,7 @@
 // that both run the same problem.
 #pragma once
 
+#include <algorithm>
 #include <limits>
 
 #include "kernels/paged_scores_cpu.h"
@@ -40,6 +41,10 @@ inline KernelShapes ToKernelShapes(const ScoringShape& shape, const ScoringBatch
   // scores in position order is core Pool1d over the scored ones (they precede the others).
   out.scores.excluded_score =
       shape.pooling == Pooling::kMax ? -std::numeric_limits<float>::infinity() : 0.0f;
+  for (size_t h = 0; h + 1 < batch.query_offsets.size(); ++h) {
+    out.scores.max_queries =
+        std::max(out.scores.max_queries, batch.query_offsets[h + 1] - batch.query_offsets[h]);
+  }
   out.topk.num_segments = batch.num_jobs;
   out.topk.num_items = batch.offsets.back();
   out.topk.max_segment_len = batch.max_len;
