@@ -120,12 +120,10 @@ class VllmKvCache {
     const KvShape& s = shape();
     const int32_t bs = s.block_size;
     if (!manager_->HasSequence(id)) return s.num_heads_total() * ((n + bs - 1) / bs);
+    std::vector<int32_t> heads(s.num_heads_total());
+    Check(manager_->RetainedTokensOfHeads(id, absl::MakeSpan(heads)));
     int32_t need = 0;
-    for (int32_t l = 0; l < s.num_layers; ++l)
-      for (int32_t h = 0; h < s.num_kv_heads; ++h) {
-        const int32_t c = Unwrap(manager_->RetainedTokens(id, l, h));
-        need += (c + n + bs - 1) / bs - (c + bs - 1) / bs;
-      }
+    for (const int32_t c : heads) need += (c + n + bs - 1) / bs - (c + bs - 1) / bs;
     return need;
   }
 
@@ -231,10 +229,8 @@ class VllmKvCache {
       const int64_t total = Unwrap(manager_->NextPosition(id));
       // The rest of a prefill in chunks may come at the next step: counted from now on.
       const int32_t pending = static_cast<int32_t>(std::max<int64_t>(0, st.prefill_len - total));
-      for (int32_t l = 0, i = 0; l < shape().num_layers; ++l)
-        for (int32_t h = 0; h < shape().num_kv_heads; ++h, ++i) {
-          heads[i] = Unwrap(manager_->RetainedTokens(id, l, h)) + pending;
-        }
+      Check(manager_->RetainedTokensOfHeads(id, absl::MakeSpan(heads)));
+      for (int32_t& n : heads) n += pending;
       // The engine and the scheduler run the policy after a sequence's decode steps: one
       // token past its prompt.
       const bool decoding = pending == 0 && st.last_tokens == 1 && total > st.prompt_len;

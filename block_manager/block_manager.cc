@@ -386,6 +386,18 @@ absl::StatusOr<int32_t> BlockManager::RetainedTokens(SequenceId id, int32_t laye
   return seq->num_tokens[shape_.HeadIndex(layer, kv_head)];
 }
 
+absl::Status BlockManager::RetainedTokensOfHeads(SequenceId id, absl::Span<int32_t> out) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  BKV_ASSIGN_OR_RETURN(const Sequence* seq, Find(id));
+  if (static_cast<int64_t>(out.size()) != shape_.num_heads_total()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("retained tokens of sequence %d: room for %d heads, the shape has %d", id,
+                        out.size(), shape_.num_heads_total()));
+  }
+  std::copy(seq->num_tokens.begin(), seq->num_tokens.end(), out.begin());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int32_t> BlockManager::NextPosition(SequenceId id) const {
   const std::lock_guard<std::mutex> lock(mu_);
   BKV_ASSIGN_OR_RETURN(const Sequence* seq, Find(id));

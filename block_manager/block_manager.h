@@ -89,6 +89,9 @@ class BlockManager {
   absl::StatusOr<bool> IsSwappedOut(SequenceId id) const;
   absl::StatusOr<int32_t> NumBlocksOf(SequenceId id) const;
   absl::StatusOr<int32_t> RetainedTokens(SequenceId id, int32_t layer, int32_t kv_head) const;
+  // Every head's retained tokens, in HeadIndex order (layer-major), under one lock: `out` must
+  // hold shape().num_heads_total() counts (kInvalidArgument otherwise, out untouched).
+  absl::Status RetainedTokensOfHeads(SequenceId id, absl::Span<int32_t> out) const;
   // Total tokens ever appended to `id` (prompt included): the next token's position.
   absl::StatusOr<int32_t> NextPosition(SequenceId id) const;
   absl::StatusOr<int32_t> PromptLength(SequenceId id) const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <optional>
 #include <utility>
 
@@ -252,9 +253,7 @@ bool Engine::ReservationFits(const SeqState& s, int64_t prefill_len) const {
       for (int64_t& d : demand) d += c;
       continue;
     }
-    for (int32_t l = 0, i = 0; l < shape.num_layers; ++l)
-      for (int32_t g = 0; g < shape.num_kv_heads; ++g, ++i)
-        heads[i] = BKV_CHECK_VALUE(bm_->RetainedTokens(id, l, g));
+    BKV_CHECK(bm_->RetainedTokensOfHeads(id, absl::MakeSpan(heads)).ok());
     AddBlockDemand(r.policy_config, shape.block_size, {heads, false, DecodeStepsLeft(r)},
                    absl::MakeSpan(demand));
   }
@@ -595,10 +594,9 @@ void Engine::UpdateMemoryStats() {
 
 void Engine::UpdatePeak(SeqState& s) {
   const KvShape& shape = bm_->shape();
-  int64_t tokens = 0;
-  for (int32_t l = 0; l < shape.num_layers; ++l)
-    for (int32_t g = 0; g < shape.num_kv_heads; ++g)
-      tokens += BKV_CHECK_VALUE(bm_->RetainedTokens(s.out.id, l, g));
+  std::vector<int32_t> heads(shape.num_heads_total());
+  BKV_CHECK(bm_->RetainedTokensOfHeads(s.out.id, absl::MakeSpan(heads)).ok());
+  const int64_t tokens = std::accumulate(heads.begin(), heads.end(), int64_t{0});
   s.out.peak_retained_tokens =
       std::max(s.out.peak_retained_tokens, static_cast<double>(tokens) / shape.num_heads_total());
   s.out.peak_blocks = std::max(s.out.peak_blocks, BKV_CHECK_VALUE(bm_->NumBlocksOf(s.out.id)));

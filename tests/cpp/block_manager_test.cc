@@ -226,6 +226,29 @@ TEST_F(BlockManagerTest, SwapFailuresNameTheLimit) {
   ExpectIntegrity();
 }
 
+TEST_F(BlockManagerTest, RetainedTokensOfHeadsListsEveryHeadLayerMajor) {
+  Make(2, 2, 4, 32);
+  Add(1, 4);
+  Append(1, 8);  // 12 tokens per head
+  std::vector<KeepSet> keep = {{0, 1, {2, 3}}, {1, 0, {0, 5, 6, 7, 11}}};
+  ASSERT_TRUE(bm_->ApplyKeepSets(1, keep).ok());
+  std::vector<int32_t> heads(4, -1);
+  ASSERT_TRUE(bm_->RetainedTokensOfHeads(1, absl::MakeSpan(heads)).ok());
+  EXPECT_EQ(heads, (std::vector<int32_t>{12, 2, 5, 12}));
+  for (int32_t l = 0, i = 0; l < 2; ++l)
+    for (int32_t h = 0; h < 2; ++h, ++i) EXPECT_EQ(heads[i], *bm_->RetainedTokens(1, l, h));
+  // Wrong room or an unknown sequence: an error naming it, and the output untouched.
+  std::vector<int32_t> small(3, -1);
+  const absl::Status room = bm_->RetainedTokensOfHeads(1, absl::MakeSpan(small));
+  EXPECT_EQ(room.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(room.message().find("room for 3 heads, the shape has 4"), std::string::npos);
+  EXPECT_EQ(small, (std::vector<int32_t>(3, -1)));
+  const absl::Status unknown = bm_->RetainedTokensOfHeads(9, absl::MakeSpan(heads));
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.message().find("unknown sequence id 9"), std::string::npos);
+  EXPECT_EQ(heads, (std::vector<int32_t>{12, 2, 5, 12}));
+}
+
 TEST_F(BlockManagerTest, KeepSetsCompactEachHeadAndFreeEmptiedBlocks) {
   Make(1, 2, 4, 32);
   Add(1, 4);
