@@ -380,6 +380,30 @@ void BenchCompression(Results& res, int32_t num_sms) {
   BENCH_CHECK(cudaMemcpy(scores_split.data(), scores, scores_split.size() * sizeof(float),
                          cudaMemcpyDeviceToHost));
   const bool split_same = scores_split == scores_one_block;  // max over queries: exact
+  // The register-softmax kernel (off by default until it has run here): its time, and its
+  // largest relative difference from the kernel above.
+  ss.register_softmax = true;
+  const double score_register_ms = TimeMs(3, [&] {
+    BENCH_CHECK(PagedAttentionScores(c.k, KvDtype::kFloat32, c.tables, c.lengths, d_table_of_head,
+                                     queries, d_query_offsets, d_score_offsets, nullptr, ss, scores,
+                                     nullptr));
+  });
+  ss.register_softmax = false;
+  std::vector<float> scores_register(scores_split.size());
+  BENCH_CHECK(cudaMemcpy(scores_register.data(), scores, scores_register.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+  double register_diff = 0;
+  for (size_t i = 0; i < scores_register.size(); ++i) {
+    const double want = scores_split[i];
+    register_diff =
+        std::max(register_diff, std::abs(scores_register[i] - want) / (1e-6 + std::abs(want)));
+  }
+  std::printf(
+      "  scoring with the softmax statistics in registers: %.3f ms (%.2fx), largest "
+      "relative difference %.2g\n",
+      score_register_ms, score_ms / score_register_ms, register_diff);
+  res.Add("scoring_register_softmax_ms_per_layer", score_register_ms);
+  res.Add("scoring_register_softmax_max_rel_diff", register_diff);
   std::printf(
       "  scoring: %.3f ms with one block per head, %.3f ms spread over blocks (%.2fx), "
       "same scores: %s\n",

@@ -246,6 +246,138 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The same scores for group_size 1 with the softmax statistics kept in registers
+// (PagedScoresShape::register_softmax; written 2026-12-04 after the H200 profile, not yet run
+// on a GPU, so off by default). A row's 64 logits of a tile sit in the 16 lanes of one
+// half-warp (tx = 0..15 of one ty), so its running max and sum are half-warp shuffles, kept in
+// registers across both passes: no logits written to shared memory in pass 1 and no warp per
+// row. In pass 2 each thread folds its 4 rows per key, the two ty of a warp by one shuffle,
+// the 8 warps through shared memory, and 64 threads fold that into the scores in warp order.
+// With group_size 1 every GQA reduction is the identity, so only the query reduction matters.
+template <typename T, int HEAD_DIM>
+__global__ void __launch_bounds__(kThreads)
+    PagedScoresRegisterKernel(const T* __restrict__ k_cache,
+                              const int32_t* __restrict__ block_tables,
+                              const int32_t* __restrict__ lengths,
+                              const int32_t* __restrict__ table_of_head,
+                              const float* __restrict__ queries,  // [total_queries, head_dim]
+                              const int32_t* __restrict__ query_offsets,
+                              const int32_t* __restrict__ score_offsets,
+                              const uint8_t* __restrict__ excluded, PagedScoresShape shape,
+                              float scale, float* __restrict__ scores) {
+  constexpr int kWarps = kThreads / 32;
+  static_assert(kWarps * kKeys <= kRows * (kKeys + 1), "warp partials fit in s.p");
+  extern __shared__ float4 smem_raw[];
+  Smem<HEAD_DIM>& s = *reinterpret_cast<Smem<HEAD_DIM>*>(smem_raw);
+  const int h = blockIdx.x;
+  const int32_t t = table_of_head[h];
+  const int32_t n = lengths[t];
+  const int32_t* table = block_tables + int64_t{t} * shape.max_blocks;
+  const int32_t q0 = query_offsets[h], nq = query_offsets[h + 1] - q0;
+  float* out = scores + score_offsets[h];  // [n]
+  const uint8_t* skip = excluded == nullptr ? nullptr : excluded + score_offsets[h];
+  const bool split = gridDim.y > 1;
+  const bool max_query = shape.query == ScoreQuery::kMax;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int tx = threadIdx.x % kGroups, ty = threadIdx.x / kGroups;
+  float* partial = &s.p[0][0];  // [kWarps][kKeys] in pass 2 (the key tile is dead by then)
+  if (nq == 0) {
+    for (int32_t j = threadIdx.x; j < n && blockIdx.y == 0; j += kThreads) {
+      out[j] = skip != nullptr && skip[j] ? shape.excluded_score : 0.0f;
+    }
+    return;
+  }
+  for (int32_t cq = blockIdx.y * kRows; cq < nq; cq += gridDim.y * kRows) {
+    const int rows = min(kRows, nq - cq);
+    const float* qsrc = queries + (int64_t{q0} + cq) * HEAD_DIM;  // [rows, head_dim]
+    __syncthreads();  // the previous chunk is done with s
+    for (int i = threadIdx.x; i < kRows * HEAD_DIM; i += kThreads) {
+      const int r = i / HEAD_DIM, d = i % HEAD_DIM;
+      s.q[r][d] = r < rows ? qsrc[int64_t{r} * HEAD_DIM + d] : 0.0f;
+    }
+    float row_max[kMicro], row_sum[kMicro];  // rows ty + 16a; the same in all 16 lanes
+    for (int a = 0; a < kMicro; ++a) {
+      row_max[a] = -FLT_MAX;
+      row_sum[a] = 0.0f;
+    }
+    // Pass 1: per-row online max and sum of exponentials, in registers.
+    for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
+      __syncthreads();  // s.k free
+      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
+      __syncthreads();
+      float acc[kMicro][kMicro];
+      TileLogits<HEAD_DIM>(s, scale, acc);
+      bool scored[kMicro];
+      for (int b = 0; b < kMicro; ++b) scored[b] = s.scored[tx + kGroups * b] != 0;
+      for (int a = 0; a < kMicro; ++a) {
+        float m = -FLT_MAX;
+        for (int b = 0; b < kMicro; ++b) {
+          if (scored[b]) m = fmaxf(m, acc[a][b]);
+        }
+        for (int off = kGroups / 2; off > 0; off /= 2) {
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        }
+        const float m_new = fmaxf(row_max[a], m);
+        float sum = 0.0f;
+        for (int b = 0; b < kMicro; ++b) {
+          if (scored[b]) sum += expf(acc[a][b] - m_new);
+        }
+        for (int off = kGroups / 2; off > 0; off /= 2) {
+          sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        }
+        row_sum[a] = row_sum[a] * expf(row_max[a] - m_new) + sum;
+        row_max[a] = m_new;
+      }
+    }
+    float inv_sum[kMicro];
+    for (int a = 0; a < kMicro; ++a) inv_sum[a] = 1.0f / row_sum[a];
+    // Pass 2: probabilities, reduced over the chunk's rows per key, then into out.
+    for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
+      __syncthreads();  // s.k and the partials free
+      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
+      __syncthreads();
+      float acc[kMicro][kMicro];
+      TileLogits<HEAD_DIM>(s, scale, acc);
+      float red[kMicro];  // per key tx + 16b: this thread's rows
+      for (int b = 0; b < kMicro; ++b) {
+        red[b] = 0.0f;
+        for (int a = 0; a < kMicro; ++a) {
+          if (ty + kGroups * a >= rows) continue;
+          const float p = __fmul_rn(expf(acc[a][b] - row_max[a]), inv_sum[a]);
+          red[b] = max_query ? fmaxf(red[b], p) : __fadd_rn(red[b], p);
+        }
+        const float other = __shfl_xor_sync(0xffffffffu, red[b], 16);  // the warp's other ty
+        red[b] = max_query ? fmaxf(red[b], other) : __fadd_rn(red[b], other);
+      }
+      __syncthreads();  // every thread is done reading s.k: the partials may overwrite it
+      if (lane < kGroups) {
+        for (int b = 0; b < kMicro; ++b) partial[warp * kKeys + tx + kGroups * b] = red[b];
+      }
+      __syncthreads();
+      const int32_t j = j0 + threadIdx.x;
+      if (threadIdx.x < kKeys && j < n && !s.scored[threadIdx.x]) {
+        if (blockIdx.y == 0) out[j] = shape.excluded_score;
+      } else if (threadIdx.x < kKeys && j < n) {
+        float v = partial[threadIdx.x];
+        for (int w = 1; w < kWarps; ++w) {
+          const float x = partial[w * kKeys + threadIdx.x];
+          v = max_query ? fmaxf(v, x) : __fadd_rn(v, x);
+        }
+        float total = cq == 0 || split ? 0.0f : out[j];
+        total = max_query ? fmaxf(total, v) : __fadd_rn(total, v);
+        if (shape.query == ScoreQuery::kMean && cq + rows == nq) {
+          total = __fmul_rn(total, 1.0f / nq);
+        }
+        if (split) {
+          atomicMax(reinterpret_cast<int*>(out + j), __float_as_int(total));  // total >= +0
+        } else {
+          out[j] = total;
+        }
+      }
+    }
+  }
+}
+
 // out[score_offsets[h] ..] = 0 for every head: the start of the split kernel's atomicMax.
 __global__ void ZeroScoresKernel(const int32_t* __restrict__ score_offsets,  // [num_heads + 1]
                                  float* __restrict__ scores) {
@@ -268,24 +400,25 @@ cudaError_t Launch(const T* k_cache, const int32_t* block_tables, const int32_t*
                    const int32_t* table_of_head, const float* queries, const int32_t* query_offsets,
                    const int32_t* score_offsets, const uint8_t* excluded,
                    const PagedScoresShape& shape, float* scores, cudaStream_t stream) {
+  const bool in_registers = shape.register_softmax && shape.group_size == 1;
+  const auto kernel =
+      in_registers ? PagedScoresRegisterKernel<T, HEAD_DIM> : PagedScoresKernel<T, HEAD_DIM>;
   const size_t smem = sizeof(Smem<HEAD_DIM>);
-  cudaError_t err =
-      cudaFuncSetAttribute(PagedScoresKernel<T, HEAD_DIM>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   // All of L1 as shared memory when it lets more blocks stay resident (the kernel reads the
   // keys once per tile into shared memory; it does not rely on L1 hits).
-  err = cudaFuncSetAttribute(PagedScoresKernel<T, HEAD_DIM>,
-                             cudaFuncAttributePreferredSharedMemoryCarveout,
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HEAD_DIM));
   const int per_head = BlocksPerHead(shape);
   if (per_head > 1) ZeroScoresKernel<<<shape.num_heads, 256, 0, stream>>>(score_offsets, scores);
   const dim3 grid(shape.num_heads, per_head);
-  PagedScoresKernel<T, HEAD_DIM><<<grid, kThreads, smem, stream>>>(
-      k_cache, block_tables, lengths, table_of_head, queries, query_offsets, score_offsets,
-      excluded, shape, scale, scores);
+  kernel<<<grid, kThreads, smem, stream>>>(k_cache, block_tables, lengths, table_of_head, queries,
+                                           query_offsets, score_offsets, excluded, shape, scale,
+                                           scores);
   return cudaGetLastError();
 }
 

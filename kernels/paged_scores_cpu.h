@@ -37,6 +37,9 @@ struct PagedScoresShape {
   // to spread a head's query chunks over several thread blocks when query == kMax; any value
   // gives the same scores. The CPU twin ignores it.
   int32_t max_queries = 0;
+  // CUDA only, group_size 1 only: the kernel that keeps the softmax statistics in registers
+  // (same scores to rounding). Off until it has run on a GPU (docs/gpu.md).
+  bool register_softmax = false;
 };
 
 void PagedAttentionScoresCpu(const float* k_cache,          // [num_blocks, block_size, head_dim]

@@ -80,10 +80,14 @@ TEST_P(PagedScoresGpuTest, MatchesTheCpuTwin) {
       dso(score_offsets), dx(excluded), dout(want.size() * sizeof(float));
   // max_queries: unknown (one block per head), the true most (129), too few (70: a block takes
   // several chunks) and too many (blocks with no chunk). With query == kMax the last three
-  // spread heads over several blocks; every value must give the same scores.
-  for (int32_t max_queries : {0, 129, 70, 1000}) {
-    SCOPED_TRACE(::testing::Message() << "max_queries " << max_queries);
+  // spread heads over several blocks; every value must give the same scores. Each also with
+  // the register-softmax kernel (group_size 1 only; ignored otherwise).
+  for (int variant = 0; variant < 8; ++variant) {
+    const int32_t max_queries = std::vector<int32_t>{0, 129, 70, 1000}[variant % 4];
+    SCOPED_TRACE(::testing::Message()
+                 << "max_queries " << max_queries << " register_softmax " << (variant >= 4));
     s.max_queries = max_queries;
+    s.register_softmax = variant >= 4;
     ASSERT_EQ(cudaMemset(dout.as<float>(), 0xff, want.size() * sizeof(float)), cudaSuccess);
     ASSERT_EQ(
         PagedAttentionScores(dk.as<void>(), dtype, dt.as<int32_t>(), dl.as<int32_t>(),
