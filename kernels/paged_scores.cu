@@ -97,6 +97,52 @@ __device__ void GroupMaxLogits(int queries_here, int g, Smem<HEAD_DIM>& s) {
   }
 }
 
+// One head's part of the launch's arrays (blockIdx.x = the head).
+struct HeadView {
+  int32_t n;             // keys
+  int32_t q0, nq;        // first query, queries
+  const int32_t* table;  // block table
+  float* out;            // [n] scores
+  const uint8_t* skip;   // [n] excluded keys, or null
+};
+
+__device__ __forceinline__ HeadView ViewOfHead(const int32_t* block_tables, const int32_t* lengths,
+                                               const int32_t* table_of_head,
+                                               const int32_t* query_offsets,
+                                               const int32_t* score_offsets,
+                                               const uint8_t* excluded, int32_t max_blocks,
+                                               float* scores) {
+  const int h = blockIdx.x;
+  const int32_t t = table_of_head[h];
+  HeadView v;
+  v.n = lengths[t];
+  v.table = block_tables + int64_t{t} * max_blocks;
+  v.q0 = query_offsets[h];
+  v.nq = query_offsets[h + 1] - v.q0;
+  v.out = scores + score_offsets[h];
+  v.skip = excluded == nullptr ? nullptr : excluded + score_offsets[h];
+  return v;
+}
+
+// A head with no queries: its scores are 0, or excluded_score for excluded keys (block y = 0).
+__device__ __forceinline__ void ScoreHeadWithoutQueries(const HeadView& v, float excluded_score) {
+  for (int32_t j = threadIdx.x; j < v.n && blockIdx.y == 0; j += kThreads) {
+    v.out[j] = v.skip != nullptr && v.skip[j] ? excluded_score : 0.0f;
+  }
+}
+
+// Stores a key's score after a chunk: the mean's division once the last chunk is in, then a
+// plain store, or (several blocks per head) an integer atomicMax, exact for scores >= +0.
+__device__ __forceinline__ void StoreChunkScore(float* out_j, float total, ScoreQuery query,
+                                                bool last_chunk, int32_t nq, bool split) {
+  if (query == ScoreQuery::kMean && last_chunk) total = __fmul_rn(total, 1.0f / nq);
+  if (split) {
+    atomicMax(reinterpret_cast<int*>(out_j), __float_as_int(total));
+  } else {
+    *out_j = total;
+  }
+}
+
 // One thread block per head. Query rows go in chunks of whole queries (<= kRows rows); per
 // chunk, pass 1 walks the key tiles for each row's softmax max and sum, pass 2 walks them again
 // and folds the probabilities into the head's scores (kept in `scores`, each key owned by one
@@ -115,13 +161,12 @@ __global__ void __launch_bounds__(kThreads)
                       float* __restrict__ scores) {  // [score_offsets[num_heads]]
   extern __shared__ float4 smem_raw[];
   Smem<HEAD_DIM>& s = *reinterpret_cast<Smem<HEAD_DIM>*>(smem_raw);
-  const int h = blockIdx.x;
-  const int32_t t = table_of_head[h];
-  const int32_t n = lengths[t];
-  const int32_t* table = block_tables + int64_t{t} * shape.max_blocks;
-  const int32_t q0 = query_offsets[h], nq = query_offsets[h + 1] - q0;
-  float* out = scores + score_offsets[h];  // [n]
-  const uint8_t* skip = excluded == nullptr ? nullptr : excluded + score_offsets[h];
+  const HeadView view = ViewOfHead(block_tables, lengths, table_of_head, query_offsets,
+                                   score_offsets, excluded, shape.max_blocks, scores);
+  const int32_t n = view.n, q0 = view.q0, nq = view.nq;
+  const int32_t* table = view.table;
+  float* out = view.out;
+  const uint8_t* skip = view.skip;
   const int g = shape.group_size;
   const bool max_logits = shape.gqa == ScoreGqa::kMaxLogits;
   const int row_step = max_logits ? g : 1;  // rows that hold a softmax
@@ -131,12 +176,7 @@ __global__ void __launch_bounds__(kThreads)
   // y + gridDim.y, ... and folds its chunk maxima into out (zeroed by ZeroScoresKernel) with
   // an integer atomicMax, exact for the non-negative probabilities.
   const bool split = gridDim.y > 1;
-  if (nq == 0) {
-    for (int32_t j = threadIdx.x; j < n && blockIdx.y == 0; j += kThreads) {
-      out[j] = skip != nullptr && skip[j] ? shape.excluded_score : 0.0f;
-    }
-    return;
-  }
+  if (nq == 0) return ScoreHeadWithoutQueries(view, shape.excluded_score);
   const int chunk_queries = kRows / g;
   for (int32_t cq = blockIdx.y * chunk_queries; cq < nq; cq += gridDim.y * chunk_queries) {
     const int queries_here = min(chunk_queries, nq - cq);
@@ -233,14 +273,7 @@ __global__ void __launch_bounds__(kThreads)
           if (g > 1 && shape.gqa == ScoreGqa::kMeanProbs) red = __fmul_rn(red, 1.0f / g);
           total = shape.query == ScoreQuery::kMax ? fmaxf(total, red) : __fadd_rn(total, red);
         }
-        if (shape.query == ScoreQuery::kMean && cq + queries_here == nq) {
-          total = __fmul_rn(total, 1.0f / nq);
-        }
-        if (split) {
-          atomicMax(reinterpret_cast<int*>(out + j), __float_as_int(total));  // total >= +0
-        } else {
-          out[j] = total;
-        }
+        StoreChunkScore(out + j, total, shape.query, cq + queries_here == nq, nq, split);
       }
     }
   }
@@ -269,24 +302,18 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kWarps * kKeys <= kRows * (kKeys + 1), "warp partials fit in s.p");
   extern __shared__ float4 smem_raw[];
   Smem<HEAD_DIM>& s = *reinterpret_cast<Smem<HEAD_DIM>*>(smem_raw);
-  const int h = blockIdx.x;
-  const int32_t t = table_of_head[h];
-  const int32_t n = lengths[t];
-  const int32_t* table = block_tables + int64_t{t} * shape.max_blocks;
-  const int32_t q0 = query_offsets[h], nq = query_offsets[h + 1] - q0;
-  float* out = scores + score_offsets[h];  // [n]
-  const uint8_t* skip = excluded == nullptr ? nullptr : excluded + score_offsets[h];
+  const HeadView view = ViewOfHead(block_tables, lengths, table_of_head, query_offsets,
+                                   score_offsets, excluded, shape.max_blocks, scores);
+  const int32_t n = view.n, q0 = view.q0, nq = view.nq;
+  const int32_t* table = view.table;
+  float* out = view.out;
+  const uint8_t* skip = view.skip;
   const bool split = gridDim.y > 1;
   const bool max_query = shape.query == ScoreQuery::kMax;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int tx = threadIdx.x % kGroups, ty = threadIdx.x / kGroups;
   float* partial = &s.p[0][0];  // [kWarps][kKeys] in pass 2 (the key tile is dead by then)
-  if (nq == 0) {
-    for (int32_t j = threadIdx.x; j < n && blockIdx.y == 0; j += kThreads) {
-      out[j] = skip != nullptr && skip[j] ? shape.excluded_score : 0.0f;
-    }
-    return;
-  }
+  if (nq == 0) return ScoreHeadWithoutQueries(view, shape.excluded_score);
   for (int32_t cq = blockIdx.y * kRows; cq < nq; cq += gridDim.y * kRows) {
     const int rows = min(kRows, nq - cq);
     const float* qsrc = queries + (int64_t{q0} + cq) * HEAD_DIM;  // [rows, head_dim]
@@ -365,14 +392,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         float total = cq == 0 || split ? 0.0f : out[j];
         total = max_query ? fmaxf(total, v) : __fadd_rn(total, v);
-        if (shape.query == ScoreQuery::kMean && cq + rows == nq) {
-          total = __fmul_rn(total, 1.0f / nq);
-        }
-        if (split) {
-          atomicMax(reinterpret_cast<int*>(out + j), __float_as_int(total));  // total >= +0
-        } else {
-          out[j] = total;
-        }
+        StoreChunkScore(out + j, total, shape.query, cq + rows == nq, nq, split);
       }
     }
   }
