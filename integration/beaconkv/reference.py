@@ -187,10 +187,13 @@ class Model:
         if c.tie_word_embeddings:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 
-    def _attention_block(self, i: int, x: np.ndarray, start: int, cache: list, record):
+    def _attention_block(self, i: int, x: np.ndarray, start: int, cache: list, record,
+                         bias: np.ndarray | None = None):
         """Self-attention of layer i for new positions start..start+T-1 given x [T, d].
 
-        cache[i] holds (keys after RoPE [KV, T_all, hd], values [KV, T_all, hd])."""
+        cache[i] holds (keys after RoPE [KV, T_all, hd], values [KV, T_all, hd]). bias
+        [KV, T, T] (start 0 only), if given, replaces the causal mask: it is added to the
+        logits of every query head of the kv head."""
         c, w = self.config, self.w
         pre = f"model.layers.{i}.self_attn."
         t, hd, nh, nkv = x.shape[0], c.head_dim, c.num_attention_heads, c.num_key_value_heads
@@ -209,21 +212,26 @@ class Model:
         keys = np.repeat(keys, group, axis=0)  # query head h reads kv head h // group
         values = np.repeat(values, group, axis=0)
         scores = q_rot @ keys.transpose(0, 2, 1) / np.sqrt(hd)  # [H, T, start+T]
-        causal = pos[:, None] >= np.arange(start + t)[None, :]
-        scores = np.where(causal[None], scores, -np.inf)
+        if bias is None:
+            causal = pos[:, None] >= np.arange(start + t)[None, :]
+            scores = np.where(causal[None], scores, -np.inf)
+        else:
+            scores = scores + np.repeat(bias, group, axis=0)
         probs = softmax(scores)
         if record is not None:
             record.append((probs, q))
         out = (probs @ values).transpose(1, 0, 2).reshape(t, nh * hd)
         return out @ w[pre + "o_proj.weight"].T
 
-    def _run(self, ids: list[int], start: int, cache: list, record=None) -> np.ndarray:
+    def _run(self, ids: list[int], start: int, cache: list, record=None,
+             bias: list | None = None) -> np.ndarray:
         c, w = self.config, self.w
         x = w["model.embed_tokens.weight"][np.asarray(ids)]  # [T, d]
         for i in range(c.num_hidden_layers):
             pre = f"model.layers.{i}."
             h = rms_norm(x, w[pre + "input_layernorm.weight"], c.rms_norm_eps)
-            x = x + self._attention_block(i, h, start, cache, record)
+            x = x + self._attention_block(i, h, start, cache, record,
+                                          None if bias is None else bias[i])
             h = rms_norm(x, w[pre + "post_attention_layernorm.weight"], c.rms_norm_eps)
             gate = silu(h @ w[pre + "mlp.gate_proj.weight"].T)
             up = h @ w[pre + "mlp.up_proj.weight"].T
@@ -231,9 +239,21 @@ class Model:
         x = rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
         return x @ w["lm_head.weight"].T  # [T, vocab]
 
-    def forward(self, ids: list[int]) -> np.ndarray:
-        """Logits [len(ids), vocab] of a whole sequence with full causal attention."""
-        return self._run(ids, 0, [None] * self.config.num_hidden_layers)
+    def forward(self, ids: list[int], attention_bias: list | None = None) -> np.ndarray:
+        """Logits [len(ids), vocab] of a whole sequence with full causal attention, or with
+        attention_bias: per layer None (causal) or an additive [kv_heads, T, T] term that
+        replaces the causal mask (-inf where a query must not see a position, e.g. what a
+        compressed cache had evicted by then; it must mask the future itself)."""
+        n = self.config.num_hidden_layers
+        if attention_bias is not None:
+            t, kv = len(ids), self.config.num_key_value_heads
+            if len(attention_bias) != n:
+                raise ValueError(f"attention_bias: {len(attention_bias)} layers, the model has {n}")
+            for i, b in enumerate(attention_bias):
+                if b is not None and tuple(np.shape(b)) != (kv, t, t):
+                    raise ValueError(f"attention_bias[{i}]: shape {list(np.shape(b))}, want "
+                                     f"[{kv}, {t}, {t}]")
+        return self._run(ids, 0, [None] * n, bias=attention_bias)
 
     def trace(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Teacher-forced pass over a whole sequence, recording every query.

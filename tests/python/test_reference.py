@@ -163,6 +163,29 @@ def test_forward_matches_independent_loop_implementation(tmp_path):
     np.testing.assert_allclose(model.forward(ids), _loop_forward(cfg, w, ids), rtol=1e-4, atol=1e-4)
 
 
+def test_attention_bias_replaces_the_causal_mask(tmp_path):
+    cfg, _ = _random_model_dir(tmp_path, seed=5)
+    model = ref.Model(str(tmp_path))
+    ids = [1, 4, 7, 3, 3, 9, 2]
+    t, kv, layers = len(ids), cfg["num_key_value_heads"], cfg["num_hidden_layers"]
+    causal = np.where(np.arange(t)[:, None] >= np.arange(t)[None, :], 0.0, -np.inf)
+    full = model.forward(ids)
+    # The causal mask given as a bias, or no bias for a layer: the same logits.
+    np.testing.assert_array_equal(model.forward(ids, [np.tile(causal, (kv, 1, 1))] * layers), full)
+    np.testing.assert_array_equal(model.forward(ids, [None] * layers), full)
+    # Position 1 hidden from layer 0's queries 3.. (as an eviction after step 2 would):
+    # positions 0..2 keep their logits, the later ones change.
+    hidden = np.tile(causal, (kv, 1, 1))
+    hidden[:, 3:, 1] = -np.inf
+    got = model.forward(ids, [hidden] + [None] * (layers - 1))
+    np.testing.assert_array_equal(got[:3], full[:3])
+    assert np.abs(got[3:] - full[3:]).max(axis=-1).min() > 0
+    with pytest.raises(ValueError, match=r"attention_bias\[0\]: shape \[1, 7, 7\], want"):
+        model.forward(ids, [causal[None]] + [None] * (layers - 1))
+    with pytest.raises(ValueError, match="attention_bias: 1 layers"):
+        model.forward(ids, [None])
+
+
 def test_cached_decoding_matches_full_forward_and_records(tmp_path):
     _random_model_dir(tmp_path, seed=3)
     model = ref.Model(str(tmp_path))

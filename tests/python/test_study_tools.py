@@ -524,3 +524,30 @@ def test_error_attribution_counts_every_wrong_token(short_problem):
             assert all(k["distance"] > 0 for k in h["tokens"])
     json.dumps(res)  # serialisable
     assert "problems with wrong tokens" in attribution.render(res)
+
+
+def test_layer_eviction_probe_visibility_and_log_gap():
+    probe = load_tool("layer_eviction_probe")
+    big = 1 << 30
+    # Position 1 evicted after step 2: queries 0..2 see it, 3 and 4 do not.
+    bias = probe.visibility_bias(np.array([[big, 2, big, big, big]]))
+    visible = np.isfinite(bias[0])
+    want = np.tril(np.ones((5, 5), dtype=bool))
+    want[3:, 1] = False
+    np.testing.assert_array_equal(visible, want)
+    assert (bias[0][visible] == 0).all()
+    # log_gap: a visible token stands for the positions up to the next visible one.
+    gap = probe.visibility_bias(np.array([[big, 2, big, big, big]]), log_gap=True)[0]
+    np.testing.assert_array_equal(np.isfinite(gap), want)
+    np.testing.assert_allclose(gap[3, [0, 2, 3]], np.log([2, 1, 1]))
+    np.testing.assert_allclose(gap[4, [0, 2, 3, 4]], np.log([2, 1, 1, 1]))
+    np.testing.assert_allclose(gap[2, [0, 1, 2]], 0.0)
+
+
+def test_layer_eviction_probe_runs_one_problem():
+    probe = load_tool("layer_eviction_probe")
+    # A budget the short trace never reaches: no eviction, so no variant changes a token.
+    result = probe.run(MODEL, "dev", 1, "beacon", 4096, 32, dict(SHORT_TRACE_KNOBS), True)
+    names = [v["name"] for v in result["variants"]]
+    assert names[:2] == ["all layers", "layer 0 alone"] and len(names) >= 4
+    assert all(v["problems_with_wrong_tokens"] == 0 for v in result["variants"])
