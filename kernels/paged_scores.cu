@@ -163,10 +163,7 @@ __global__ void __launch_bounds__(kThreads)
   Smem<HEAD_DIM>& s = *reinterpret_cast<Smem<HEAD_DIM>*>(smem_raw);
   const HeadView view = ViewOfHead(block_tables, lengths, table_of_head, query_offsets,
                                    score_offsets, excluded, shape.max_blocks, scores);
-  const int32_t n = view.n, q0 = view.q0, nq = view.nq;
-  const int32_t* table = view.table;
-  float* out = view.out;
-  const uint8_t* skip = view.skip;
+  const auto& [n, q0, nq, table, out, skip] = view;
   const int g = shape.group_size;
   const bool max_logits = shape.gqa == ScoreGqa::kMaxLogits;
   const int row_step = max_logits ? g : 1;  // rows that hold a softmax
@@ -304,10 +301,7 @@ __global__ void __launch_bounds__(kThreads)
   Smem<HEAD_DIM>& s = *reinterpret_cast<Smem<HEAD_DIM>*>(smem_raw);
   const HeadView view = ViewOfHead(block_tables, lengths, table_of_head, query_offsets,
                                    score_offsets, excluded, shape.max_blocks, scores);
-  const int32_t n = view.n, q0 = view.q0, nq = view.nq;
-  const int32_t* table = view.table;
-  float* out = view.out;
-  const uint8_t* skip = view.skip;
+  const auto& [n, q0, nq, table, out, skip] = view;
   const bool split = gridDim.y > 1;
   const bool max_query = shape.query == ScoreQuery::kMax;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
