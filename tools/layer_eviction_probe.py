@@ -7,10 +7,14 @@ chosen layer seeing exactly the positions the engine still held for its kv head 
 the target. Variants: every layer at once, each layer alone, and, with --log-gap-bias, the
 same for layer 0 with each kept token's logit raised by log(the gap to the next kept position),
 so that a kept token stands for the positions evicted behind it (an importance weight for
-layer 0's evenly spaced sample).
+layer 0's evenly spaced sample). With --oracle L, layer L alone is probed again with one
+region always visible whatever the engine evicted (the prompt, the plan: the target's lines up
+to the answer line's `?`, or every newline), to tell which kept tokens that layer lacks.
 
     python3 tools/layer_eviction_probe.py --split dev --num 200 --policy beacon --budget 112 \\
         --interval 16 --log-gap-bias
+    python3 tools/layer_eviction_probe.py --split dev --num 200 --budget 96 --interval 32 \\
+        --oracle 2
 """
 
 from __future__ import annotations
@@ -42,8 +46,33 @@ def visibility_bias(evicted_at: np.ndarray, log_gap: bool = False) -> np.ndarray
     return bias
 
 
+NEVER = 1 << 30  # evicted_at of a position the engine kept to the end
+
+
+def oracle_regions(ids: list[int], prompt_len: int, target: str, newline_id: int) -> dict:
+    """Boolean masks [T] over the sequence's positions: "prompt", "plan" (the target's text up to
+    and including the newline after its first `?`, the plan task's answer line; absent when
+    the target has no `?`) and "newlines"."""
+    t_len = len(ids)
+    pos = np.arange(t_len)
+    regions = {"prompt": pos < prompt_len}
+    mark = target.find("?")
+    if mark >= 0:  # one token per character after the prompt
+        regions["plan"] = (pos >= prompt_len) & (pos < prompt_len + mark + 2)
+    regions["newlines"] = np.asarray(ids) == newline_id
+    return regions
+
+
+def keep_visible(evicted_at: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """evicted_at [kv_heads, T] with the positions in mask [T] never evicted."""
+    out = evicted_at.copy()
+    out[:, mask] = NEVER
+    return out
+
+
 def run(model_dir: str, split: str, num: int | None, policy: str, budget: int | None,
-        interval: int | None, knobs: dict | None, log_gap_bias: bool) -> dict:
+        interval: int | None, knobs: dict | None, log_gap_bias: bool,
+        oracle_layer: int | None = None) -> dict:
     from beaconkv.evaluate import load_problems
     from beaconkv.reference import Model
     from beaconkv.replay import policy_configs, replay_engine
@@ -53,12 +82,18 @@ def run(model_dir: str, split: str, num: int | None, policy: str, budget: int | 
     n_layers = model.config.num_hidden_layers
     cfg = policy_configs([policy], budget, interval, knobs)[policy]
     engine = replay_engine(model_dir)
-    # name -> (layers that see the engine's evictions, layers with the log-gap bias)
-    variants = {"all layers": (tuple(range(n_layers)), ())}
-    variants.update({f"layer {i} alone": ((i,), ()) for i in range(n_layers)})
+    if oracle_layer is not None and not 0 <= oracle_layer < n_layers:
+        raise ValueError(f"--oracle: layer {oracle_layer} is not in 0..{n_layers - 1}")
+    # name -> (layers that see the engine's evictions, layers with the log-gap bias, region
+    # the oracle layer always sees)
+    variants = {"all layers": (tuple(range(n_layers)), (), None)}
+    variants.update({f"layer {i} alone": ((i,), (), None) for i in range(n_layers)})
     if log_gap_bias:
-        variants["all layers, layer 0 log-gap bias"] = (tuple(range(n_layers)), (0,))
-        variants["layer 0 alone, log-gap bias"] = ((0,), (0,))
+        variants["all layers, layer 0 log-gap bias"] = (tuple(range(n_layers)), (0,), None)
+        variants["layer 0 alone, log-gap bias"] = ((0,), (0,), None)
+    if oracle_layer is not None:
+        for region in ("prompt", "plan", "newlines"):
+            variants[f"layer {oracle_layer} alone, {region} kept"] = ((oracle_layer,), (), region)
     problems = {name: 0 for name in variants}
     tokens = {name: 0 for name in variants}
     records = load_problems(model_dir, split, num)
@@ -68,8 +103,13 @@ def run(model_dir: str, split: str, num: int | None, policy: str, budget: int | 
         target = np.asarray(ids[len(prompt):])
         evicted_at, _ = engine.replay_evictions(ids, len(prompt), cfg)
         evicted_at = np.asarray(evicted_at)
-        for name, (masked, biased) in variants.items():
-            bias = [visibility_bias(evicted_at[i], i in biased) if i in masked else None
+        regions = oracle_regions(ids, len(prompt), rec["target"], tok.encode("\n")[0])
+        for name, (masked, biased, region) in variants.items():
+            if region is not None and region not in regions:
+                continue  # a target without a plan
+            seen = [keep_visible(evicted_at[i], regions[region]) if region else evicted_at[i]
+                    for i in range(n_layers)]
+            bias = [visibility_bias(seen[i], i in biased) if i in masked else None
                     for i in range(n_layers)]
             logits = model.forward(ids, bias)
             wrong = int((logits[len(prompt) - 1:-1].argmax(-1) != target).sum())
@@ -92,11 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--log-gap-bias", action="store_true",
                     help="also probe layer 0 with each kept token weighted by its gap")
+    ap.add_argument("--oracle", type=int, metavar="LAYER",
+                    help="also probe LAYER alone with the prompt, the plan or every newline kept")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args(argv)
     knobs = dict(k.split("=", 1) for k in args.knob) or None
     result = run(args.model, args.split, args.num, args.policy, args.budget, args.interval, knobs,
-                 args.log_gap_bias)
+                 args.log_gap_bias, args.oracle)
     print(f"{result['split']} {result['num_problems']} problems, {args.policy} "
           f"{args.budget} / {args.interval}, teacher forced:")
     for v in result["variants"]:

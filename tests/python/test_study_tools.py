@@ -544,10 +544,30 @@ def test_layer_eviction_probe_visibility_and_log_gap():
     np.testing.assert_allclose(gap[2, [0, 1, 2]], 0.0)
 
 
+def test_layer_eviction_probe_oracle_regions():
+    probe = load_tool("layer_eviction_probe")
+    nl = 3
+    # prompt 2 tokens, then the target "Ab\nC?\nAb\n" one token per character.
+    ids = [1, 9, 5, 6, nl, 7, 8, nl, 5, 6, nl]
+    regions = probe.oracle_regions(ids, 2, "Ab\nC?\nAb\n", nl)
+    np.testing.assert_array_equal(np.nonzero(regions["prompt"])[0], [0, 1])
+    np.testing.assert_array_equal(np.nonzero(regions["plan"])[0], [2, 3, 4, 5, 6, 7])
+    np.testing.assert_array_equal(np.nonzero(regions["newlines"])[0], [4, 7, 10])
+    assert "plan" not in probe.oracle_regions(ids, 2, "Ab\nCd\nAb\n", nl)
+    evicted = np.array([[0, 1, 2, 3], [3, 2, 1, 0]])
+    kept = probe.keep_visible(evicted, np.array([False, True, False, True]))
+    np.testing.assert_array_equal(kept, [[0, probe.NEVER, 2, probe.NEVER],
+                                         [3, probe.NEVER, 1, probe.NEVER]])
+    np.testing.assert_array_equal(evicted, [[0, 1, 2, 3], [3, 2, 1, 0]])  # input untouched
+
+
 def test_layer_eviction_probe_runs_one_problem():
     probe = load_tool("layer_eviction_probe")
     # A budget the short trace never reaches: no eviction, so no variant changes a token.
-    result = probe.run(MODEL, "dev", 1, "beacon", 4096, 32, dict(SHORT_TRACE_KNOBS), True)
+    result = probe.run(MODEL, "dev", 1, "beacon", 4096, 32, dict(SHORT_TRACE_KNOBS), True, 2)
     names = [v["name"] for v in result["variants"]]
     assert names[:2] == ["all layers", "layer 0 alone"] and len(names) >= 4
+    assert "layer 2 alone, prompt kept" in names and "layer 2 alone, newlines kept" in names
+    with pytest.raises(ValueError, match="--oracle"):
+        probe.run(MODEL, "dev", 1, "beacon", 4096, 32, dict(SHORT_TRACE_KNOBS), False, 9)
     assert all(v["problems_with_wrong_tokens"] == 0 for v in result["variants"])
