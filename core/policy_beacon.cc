@@ -1,7 +1,8 @@
 // beacon: BeaconKV (DESIGN.md §3). Observation set = the newest n_recent post-RoPE queries of
 // every query head of the group + n_beacons beacons (FPS over the pre-RoPE query buffer,
 // rotated to the current position); score = max over all of them of the softmax attention.
-// The first coverage_layers layers keep an evenly spaced sample first, then the best scores.
+// The first coverage_layers layers keep an evenly spaced sample first, then the best scores;
+// with redundancy > 0 the other layers subtract R-KV's redundancy from the scores.
 #include <algorithm>
 #include <memory>
 
@@ -9,6 +10,7 @@
 #include "core/beacon_bank.h"
 #include "core/check.h"
 #include "core/policy_internal.h"
+#include "core/redundancy.h"
 #include "core/selection.h"
 
 namespace beaconkv::internal {
@@ -54,6 +56,7 @@ class BeaconState final : public PolicyState {
                                absl::Span<const uint8_t> protect, absl::Span<float> scores) {
                              ScoreHead(geometry_.HeadIndex(layer, h), ordered, current_position,
                                        scores.data());
+                             if (Penalised(layer)) Penalise(ordered, scores);
                              if (!IsCoverage(layer)) return;
                              // The evenly spaced sample is kept first (scores are probabilities <=
                              // 1, so +2 puts it above every other token); the slots its empty
@@ -75,7 +78,7 @@ class BeaconState final : public PolicyState {
     shape.pooling = Pooling::kMax;
     shape.pool_kernel = config_.pool_kernel;
     shape.rope_theta = geometry_.rope.rope_theta;
-    return PlanScored(
+    absl::StatusOr<ScoringPlan> plan = PlanScored(
         layer, heads, due,
         {config_.budget, std::move(shape),
          [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
@@ -96,6 +99,20 @@ class BeaconState final : public PolicyState {
            }
            return rows;
          }});
+    if (!plan.ok() || !Penalised(layer) || plan->tasks.empty()) return plan;
+    // The penalty's lambda depends on the head's length, and a plan has one: heads of
+    // different lengths (which uniform budgets do not produce) go through Compress.
+    const int64_t n = plan->tasks.front().num_tokens();
+    for (const ScoringTask& task : plan->tasks) {
+      if (task.num_tokens() != n) {
+        return absl::UnimplementedError(
+            "policy beacon: redundancy over heads of different lengths; run Compress");
+      }
+    }
+    plan->redundancy = true;
+    plan->lambda = PenaltyLambda(n);
+    plan->redundancy_threshold = static_cast<float>(config_.redundancy_threshold);
+    return plan;
   }
 
   int64_t StateBytes() const override {
@@ -107,6 +124,24 @@ class BeaconState final : public PolicyState {
 
  private:
   bool IsCoverage(int32_t layer) const { return layer < config_.coverage_layers; }
+  bool Penalised(int32_t layer) const { return config_.redundancy > 0 && !IsCoverage(layer); }
+
+  // score - w n r = (lambda score - (1 - lambda) r) / lambda with lambda = 1 / (1 + w n): the
+  // scorers' penalised rank (kernels PenalisedScore), the same order.
+  float PenaltyLambda(int64_t n) const {
+    return 1.0f / (1.0f + static_cast<float>(config_.redundancy) * static_cast<float>(n));
+  }
+
+  // scores <- lambda x scores - (1 - lambda) x redundancy, as the scorers rank.
+  void Penalise(const OrderedHead& ordered, absl::Span<float> scores) {
+    const int32_t n = ordered.size();
+    redundancy_.resize(n);
+    RedundancyScores(ordered.keys(), n, geometry_.head_dim(),
+                     static_cast<float>(config_.redundancy_threshold), redundancy_.data());
+    const float lambda = PenaltyLambda(n);
+    for (int32_t i = 0; i < n; ++i)
+      scores[i] = lambda * scores[i] - (1.0f - lambda) * redundancy_[i];
+  }
 
   // Prompt (when it fits beside the recent window) or else the first n_sinks tokens, plus
   // the newest n_recent tokens.
@@ -170,6 +205,7 @@ class BeaconState final : public PolicyState {
   std::vector<BeaconBank> banks_;  // [num_heads_total], pre-RoPE query buffers
   std::vector<float> beacons_;     // [n_beacons, head_dim] scratch
   std::vector<float> queries_;     // [rows, head_dim] scratch
+  std::vector<float> redundancy_;  // [num_tokens] scratch
   ScoreScratch scratch_;
 };
 

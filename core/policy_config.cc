@@ -198,7 +198,12 @@ std::vector<PolicyEntry> MakeRegistry() {
                "first layers that keep an evenly spaced sample before the best scores"),
        BoolKnob("draw_on_fill", &B::draw_on_fill,
                 "draw beacons again only when the buffer would fill before the next "
-                "compression; compressions in between reuse the last draw")}));
+                "compression; compressions in between reuse the last draw"),
+       FloatKnob("redundancy", &B::redundancy, 0.0, std::nullopt,
+                 "weight of the R-KV redundancy (x tokens) subtracted from a token's score "
+                 "outside the coverage layers; 0 = off"),
+       FloatKnob("redundancy_threshold", &B::redundancy_threshold, std::nullopt, std::nullopt,
+                 "cosine above which two keys are near-duplicates (redundancy > 0)")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }

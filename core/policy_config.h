@@ -115,6 +115,12 @@ struct BeaconConfig {
   // are drawn"). The same draws at interval >= 64 (GQA 2); fewer at short intervals, at the
   // same held-out accuracy.
   bool draw_on_fill = true;
+  // > 0: outside the coverage layers a token's rank is its score minus `redundancy` x n x its
+  // R-KV redundancy (core RedundancyScores over the head's n keys; n x redundancy is 1 on
+  // average), so near-duplicate keys give way to distinct ones. 0 = off. Uniform budgets
+  // only (a rank can be negative). Why: docs/results/accuracy.md, "Redundancy in BeaconKV".
+  double redundancy = 0.0;
+  double redundancy_threshold = 0.5;  // cosine above which two keys are near-duplicates
 };
 
 using PolicyConfig = std::variant<FullConfig, StreamingConfig, H2OConfig, TovaConfig, SnapKvConfig,

@@ -79,6 +79,12 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
                              absl::StrFormat("n_beacons (%d) must not exceed buffer_min (%d)",
                                              c.n_beacons, c.buffer_min));
             }
+            if (c.redundancy > 0 && c.budget_mode != BudgetMode::kUniform) {
+              return Invalid("beacon",
+                             "redundancy > 0 needs budget_mode=uniform (a rank with the "
+                             "redundancy subtracted can be negative, which pooled budgets "
+                             "cannot normalise)");
+            }
             return CheckKernel("beacon", c.pool_kernel);
           },
       },
@@ -134,8 +140,13 @@ PolicyTraits DescribePolicy(const PolicyConfig& config) {
             return PolicyTraits{
                 absl::StrFormat("post-RoPE last %d queries of every query head + %d beacons "
                                 "(pre-RoPE buffer, rotated to the current position); max; "
-                                "the first %d layer(s) keep an evenly spaced sample first",
-                                c.n_recent, c.n_beacons, c.coverage_layers),
+                                "the first %d layer(s) keep an evenly spaced sample first%s",
+                                c.n_recent, c.n_beacons, c.coverage_layers,
+                                c.redundancy > 0
+                                    ? absl::StrFormat("; the others rank by score - %g x n x "
+                                                      "redundancy (cosine > %g)",
+                                                      c.redundancy, c.redundancy_threshold)
+                                    : std::string()),
                 GqaReductionName(GqaReduction::kMaxProbs),
                 c.pool_kernel > 1 ? absl::StrFormat("maxpool kernel %d", c.pool_kernel)
                                   : std::string("none"),

@@ -269,6 +269,33 @@ TEST(PolicyHandWorked, BeaconWithoutBeaconsIsRecentOnly) {
   ExpectKept(cfg, BeaconCase(), {0, 5, 7, 8, 9});
 }
 
+// Beacon with redundancy: keys k0 = e2, k1 = k2 = k3 = e1, k4 = -e2, k5 = -e1, zero queries
+// (every score equal). Cosine rows after zeroing the diagonal and each row's newest duplicate
+// (threshold 0.5): row0 [0 0 0 0 -1 0], row1 [0 0 1 0 0 -1], row2 [0 1 0 0 0 -1],
+// row3 [0 1 0 0 0 -1], row4 [-1 0 0 0 0 0], row5 [0 -1 -1 -1 0 0]; column sums
+// [-1, 1, 0, -1, -1, -3]. Recent {4, 5}; two more slots: equal scores keep the newest {2, 3},
+// the redundancy term keeps the least redundant {0, 3} (k1, k2 duplicate k3).
+TEST(PolicyHandWorked, BeaconRedundancyKeepsDistinctKeys) {
+  HeadCase c;
+  const std::vector<std::vector<float>> k = {{0, 1}, {1, 0}, {1, 0}, {1, 0}, {0, -1}, {-1, 0}};
+  for (int32_t p = 0; p < 6; ++p) c.AddKey(p, k[p]);
+  for (int32_t p = 0; p < 6; ++p) c.AddStep(p, kZero, kZero);
+  BeaconConfig cfg;
+  cfg.coverage_layers = 0;
+  cfg.budget = 4;
+  cfg.interval = 1;
+  cfg.n_recent = 2;
+  cfg.n_beacons = 2;
+  cfg.buffer_max = 4;
+  cfg.buffer_min = 2;
+  cfg.n_sinks = 0;
+  ExpectKept(cfg, c, {2, 3, 4, 5});
+  cfg.redundancy = 1.0;
+  ExpectKept(cfg, c, {0, 3, 4, 5});
+  cfg.coverage_layers = 1;  // a coverage layer keeps its even sample and ignores redundancy
+  ExpectKept(cfg, c, {0, 2, 4, 5});
+}
+
 TEST(PolicyHandWorked, BeaconUnprotectedPromptKeepsSinks) {
   BeaconConfig cfg;
   cfg.coverage_layers = 0;  // scored selection (coverage: BeaconCoverageLayerKeepsAnEvenSpread)

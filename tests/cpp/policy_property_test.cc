@@ -286,6 +286,16 @@ TEST(PolicyConfigTest, NamesAndInvalidConfigurations) {
   b = BeaconConfig{};
   b.pool_kernel = 4;
   EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
+  b = BeaconConfig{};
+  b.redundancy = 1.0;
+  EXPECT_TRUE(ValidatePolicyConfig(b).ok());
+  b.budget_mode = BudgetMode::kPooled;  // ranks can be negative: no pooled normalisation
+  EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ValidatePolicyConfig(b).message().find("redundancy"), std::string::npos);
+  b = BeaconConfig{};
+  b.redundancy = -0.5;  // outside the registry range
+  EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ValidatePolicyConfig(b).message().find("redundancy"), std::string::npos);
   SnapKvConfig s;
   s.budget = 8;  // == window
   EXPECT_EQ(ValidatePolicyConfig(s).code(), absl::StatusCode::kInvalidArgument);

@@ -252,7 +252,7 @@ RkvConfig Rkv(int32_t budget, int32_t interval, int32_t window, int32_t pool_ker
 }
 
 BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t coverage,
-                    bool protect_prompt) {
+                    bool protect_prompt, double redundancy = 0.0, double threshold = 0.5) {
   BeaconConfig c;
   c.budget = budget;
   c.interval = interval;
@@ -263,6 +263,8 @@ BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t cove
   c.pool_kernel = pool;
   c.coverage_layers = coverage;
   c.protect_prompt = protect_prompt;
+  c.redundancy = redundancy;
+  c.redundancy_threshold = threshold;
   return c;
 }
 
@@ -280,7 +282,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Params{SnapKv(36, 4, 35, Pooling::kMax, 7), Geometry{}, 10},
                       Params{Rkv(48, 16, 8, 7, 0.1, 0.5), Geometry{}, 11},
                       Params{Rkv(40, 8, 4, 3, 0.5, 0.1), Geometry{3, 1, 4, 32, 16}, 12},
-                      Params{Rkv(64, 32, 16, 1, 0.9, -0.2), Geometry{1, 3, 1, 8, 1}, 13}));
+                      Params{Rkv(64, 32, 16, 1, 0.9, -0.2), Geometry{1, 3, 1, 8, 1}, 13},
+                      Params{Beacon(48, 16, 1, 1, false, 1.0, 0.5), Geometry{}, 14},
+                      Params{Beacon(64, 32, 3, 0, false, 0.05, 0.1), Geometry{2, 2, 2, 16, 8}, 15},
+                      Params{Beacon(40, 8, 5, 2, true, 4.0, -0.2), Geometry{3, 1, 4, 32, 16}, 16}));
 
 TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   Geometry g;

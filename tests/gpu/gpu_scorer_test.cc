@@ -175,7 +175,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{128, 16, 4, GqaReduction::kMaxLogits, Pooling::kMax, 7, QueryReduction::kMean, true,
              KvDtype::kFloat32, true},
         Case{32, 8, 1, GqaReduction::kMaxLogits, Pooling::kMax, 3, QueryReduction::kMean, true,
-             KvDtype::kBFloat16, true}));
+             KvDtype::kBFloat16, true},
+        // beacon's plans with redundancy > 0: max of probabilities, every token scored
+        Case{64, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 1, QueryReduction::kMax, false,
+             KvDtype::kFloat32, true}));
 
 TEST(GpuScorerErrorsTest, ShapesTheKernelsDoNotTakeAreInvalidArguments) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";

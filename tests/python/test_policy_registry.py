@@ -68,6 +68,12 @@ def test_make_policy_config_reads_specs_budgets_and_knobs():
         make("beacon", "64")
     with pytest.raises(ValueError, match="expected NAME=VALUE"):
         make("beacon", knobs=["n_recent"])
+    assert make("beacon", 96, knobs=["redundancy=1"]).redundancy == 1.0
+    assert beaconkv.BeaconConfig().redundancy == 0.0  # off by default
+    with pytest.raises(ValueError, match="redundancy"):
+        make("beacon-pooled", 96, knobs=["redundancy=1"])
+    with pytest.raises(ValueError, match="redundancy"):
+        make("beacon", 96, knobs=["redundancy=-1"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -169,6 +175,7 @@ COMMAND_LINES = [
     ("snapkv", 32, ["window=4", "pooling=avg"]),
     ("h2o", 24, ["recent_fraction=0.25"]),
     ("streaming", 40, ["budget=40"]),
+    ("beacon", 96, ["interval=32", "redundancy=1", "redundancy_threshold=0.4"]),
 ]
 
 
