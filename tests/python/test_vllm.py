@@ -93,7 +93,7 @@ def engine_refs(tok):
             engine_run("full", prompts, 1200))
 
 
-def check_against_engine(ours, engine_refs, label):
+def check_against_engine(ours, engine_refs, label, later_bound=1e-2):
     prompts, beacon_ref, full_ref = engine_refs
     n = len(prompts)
     same = sum(list(beacon_ref[i]["output"]) == ours["outputs"][i] for i in range(n))
@@ -110,7 +110,7 @@ def check_against_engine(ours, engine_refs, label):
     # (docs/policies.md, "FPS arithmetic"): a slightly different beacon set, logprobs apart by
     # a few 1e-3, still four orders of magnitude below the full cache's gap.
     assert gap < 1e-3
-    assert gap_later < 1e-2
+    assert gap_later < later_bound
     # The greedy text often survives eviction, the logits do not: vLLM's model read only
     # the kept K/V.
     assert gap_full > 1.0
@@ -137,6 +137,28 @@ def test_beacon_with_the_paged_scorer_matches_our_engine(tmp_path, engine_refs):
     assert ours["stats"]["tokens_evicted"] > 0
     assert ours["integrity"] == "ok" and ours["used_blocks_at_end"] == 0
     check_against_engine(ours, engine_refs, "beacon@158, scorer=paged")
+
+
+def test_beacon_with_redundancy_matches_our_engine(tmp_path, tok):
+    """The redundancy knob inside vLLM, scored by the paged scorer (whose plans then carry the
+    redundancy term), against our engine with the same knob."""
+    prompts = dev_prompts(tok, 8)
+    knobs = {"interval": 32, "redundancy": 1.0}
+    refs = (prompts,
+            engine_run(beaconkv.make_policy_config("beacon", 158, knobs=knobs), prompts, 1200),
+            engine_run("full", prompts, 1200))
+    ours = run_vllm(tmp_path, "beacon_redundancy",
+                    beaconkv={"policy": "beacon", "budget": 158, "knobs": knobs,
+                              "scorer": "paged"},
+                    prompts=prompts, max_tokens=[1200] * len(prompts), logprobs=3)
+    assert ours["stats"]["tokens_evicted"] > 0
+    assert ours["integrity"] == "ok" and ours["used_blocks_at_end"] == 0
+    # The redundancy ranks many near-duplicate keys within a hair of each other, so the
+    # two models' ~1e-7 key differences flip more of the later near ties than the FPS alone
+    # does (measured: 6e-2 with the term, 4e-4 without, same prompts and interval; our
+    # engine's host and paged scoring agree bitwise). Still far below the full cache's gap.
+    check_against_engine(ours, refs, "beacon@158/32, redundancy=1, scorer=paged",
+                         later_bound=0.25)
 
 
 def test_beacon_across_processes_matches_our_engine(tmp_path, engine_refs):
