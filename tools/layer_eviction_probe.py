@@ -30,8 +30,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def visibility_bias(evicted_at: np.ndarray, log_gap: bool = False) -> np.ndarray:
-    """evicted_at [kv_heads, T] (the step after which the engine evicted each position; a large
-    value if never) -> additive bias [kv_heads, T, T]: 0 where query t sees position p (p <= t
+    """evicted_at [kv_heads, T] (the step after which the engine evicted each position; NEVER or
+    any value >= T if never) -> additive bias [kv_heads, T, T]: 0 where query t sees position p (p <= t
     and not evicted before step t), -inf elsewhere; with log_gap, log(q - p) for a visible p
     whose next visible position (or t + 1) is q."""
     kv, t_len = evicted_at.shape

@@ -528,7 +528,7 @@ def test_error_attribution_counts_every_wrong_token(short_problem):
 
 def test_layer_eviction_probe_visibility_and_log_gap():
     probe = load_tool("layer_eviction_probe")
-    big = 1 << 30
+    big = probe.NEVER
     # Position 1 evicted after step 2: queries 0..2 see it, 3 and 4 do not.
     bias = probe.visibility_bias(np.array([[big, 2, big, big, big]]))
     visible = np.isfinite(bias[0])
