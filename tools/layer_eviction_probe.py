@@ -139,15 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     knobs = dict(k.split("=", 1) for k in args.knob) or None
     result = run(args.model, args.split, args.num, args.policy, args.budget, args.interval, knobs,
                  args.log_gap_bias, args.oracle)
-    print(f"{result['split']} {result['num_problems']} problems, {args.policy} "
-          f"{args.budget} / {args.interval}, teacher forced:")
+    report(result, f"{args.policy} {args.budget} / {args.interval}", args.json)
+    return 0
+
+
+def report(result: dict, title: str, json_path: str | None) -> None:
+    """Prints a run's variants (problems and tokens wrong) and writes it to json_path if given."""
+    print(f"{result['split']} {result['num_problems']} problems, {title}, teacher forced:")
     for v in result["variants"]:
         print(f"  {v['name']:34s} {v['problems_with_wrong_tokens']:4d} problems with a wrong "
               f"token, {v['wrong_tokens']} wrong tokens")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

@@ -571,3 +571,81 @@ def test_layer_eviction_probe_runs_one_problem():
     with pytest.raises(ValueError, match="--oracle"):
         probe.run(MODEL, "dev", 1, "beacon", 4096, 32, dict(SHORT_TRACE_KNOBS), False, 9)
     assert all(v["problems_with_wrong_tokens"] == 0 for v in result["variants"])
+
+
+def test_future_oracle_future_max_takes_later_queries_of_the_group():
+    oracle = load_tool("future_oracle")
+    # [group 2, T 3, T 3]; row t: query t's weights over positions 0..t.
+    att = np.array([[[1.0, 0, 0], [0.2, 0.8, 0], [0.5, 0.1, 0.4]],
+                    [[1.0, 0, 0], [0.6, 0.4, 0], [0.1, 0.3, 0.6]]])
+    np.testing.assert_allclose(oracle.future_max(att), [[0.6, 0.8, 0.6],  # queries 1 and 2
+                                                        [0.5, 0.3, 0.6],  # query 2 only
+                                                        [0.0, 0.0, 0.0]])
+
+
+def test_future_oracle_past_max_takes_queries_so_far():
+    oracle = load_tool("future_oracle")
+    att = np.array([[[1.0, 0, 0], [0.2, 0.8, 0], [0.5, 0.1, 0.4]],
+                    [[1.0, 0, 0], [0.6, 0.4, 0], [0.1, 0.3, 0.6]]])
+    np.testing.assert_allclose(oracle.past_max(att), [[1.0, 0.0, 0.0],
+                                                      [1.0, 0.8, 0.0],
+                                                      [1.0, 0.8, 0.6]])
+
+
+def test_future_oracle_evictions_hand_worked():
+    oracle = load_tool("future_oracle")
+    t_len = 8
+    future = np.zeros((t_len, t_len))
+    future[:, 2] = 0.9  # position 2 is read later; 1 and 3 are not
+    future[:, 3] = 0.1
+    # Prompt 0..1; budget 3 + interval 2: the cache reaches 5 after step 4 and drops to 3,
+    # keeping sink 0, the newest (4) and the best of 1..3 (2); then 5 after step 6 again.
+    ev = oracle.oracle_evictions(future, 2, 3, 2, n_sinks=1, n_recent=1)
+    never = oracle.NEVER
+    # After step 6 the cache is {0, 2, 4, 5, 6}: 0 and 6 are protected, 2 outranks 4 and 5.
+    np.testing.assert_array_equal(ev, [never, 4, never, 4, 6, 6, never, never])
+    # Ties go to the newer position: with 2 and 3 equal, 3 stays at step 4.
+    future[:, 3] = 0.9
+    ev = oracle.oracle_evictions(future, 2, 3, 2, n_sinks=1, n_recent=1)
+    assert ev[3] != 4 and ev[2] == 4
+
+
+def test_future_oracle_follows_the_engines_schedule(short_problem):
+    from beaconkv.reference import Model
+    from beaconkv.replay import replay_engine
+
+    oracle = load_tool("future_oracle")
+    model = Model(MODEL)
+    tok = model.tokenizer
+    prompt = model.encode_prompt(short_problem["prompt"])
+    ids = prompt + tok.encode(short_problem["target"])
+    cfg = short_config("beacon", 24, 8)
+    engine, _ = replay_engine(MODEL).replay_evictions(ids, len(prompt), cfg)
+    engine = np.asarray(engine)
+    rng = np.random.default_rng(0)
+    future = rng.random((len(ids), len(ids)))
+    ev = oracle.oracle_evictions(future, len(prompt), cfg.budget, cfg.interval, cfg.n_sinks,
+                                 cfg.n_recent)
+    steps = sorted(set(ev[ev < oracle.NEVER].tolist()))
+    assert len(steps) >= 3  # several compressions on the short trace
+    for layer in engine:
+        for head in layer:
+            # The same compression steps and the same number of tokens left after each.
+            assert sorted(set(head[head < oracle.NEVER].tolist())) == steps
+            for t in steps:
+                assert (head > t).sum() == (ev > t).sum()
+    # The sinks and the newest n_recent at each compression are never the oracle's choice.
+    assert (ev[:cfg.n_sinks] == oracle.NEVER).all()
+
+
+def test_future_oracle_runs_one_problem_and_checks_its_knobs():
+    oracle = load_tool("future_oracle")
+    # A budget the trace never reaches: neither row evicts, so no token changes.
+    result = oracle.run(MODEL, "dev", 1, 4096, 32, dict(SHORT_TRACE_KNOBS), per_layer=True)
+    names = [v["name"] for v in result["variants"]]
+    assert names[:4] == ["full cache", "beacon", "future oracle", "hindsight"]
+    assert "oracle in layer 2 only" in names
+    assert result["n_recent"] == SHORT_TRACE_KNOBS["n_recent"]
+    assert all(v["problems_with_wrong_tokens"] == 0 for v in result["variants"])
+    with pytest.raises(ValueError, match="protect_prompt"):
+        oracle.run(MODEL, "dev", 1, 4096, 32, {"protect_prompt": "1"})
