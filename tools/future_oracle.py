@@ -28,7 +28,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from layer_eviction_probe import NEVER, report, visibility_bias  # noqa: E402
+from layer_eviction_probe import NEVER, count_wrong, report, visibility_bias  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -67,19 +67,27 @@ def oracle_evictions(future: np.ndarray, start: int, budget: int, interval: int,
         rest = [p for p in alive if p not in protect]
         free = max(budget - len(protect), 0)
         order = sorted(rest, key=lambda p: (-future[t, p], -p))  # ties: the newer stays
-        for p in order[free:]:
-            evicted_at[p] = t
         dropped = set(order[free:])
+        evicted_at[list(dropped)] = t
         alive = [p for p in alive if p not in dropped]
     return evicted_at
+
+
+def replay_ranked(attention: np.ndarray, score, group: int, start: int, cfg) -> np.ndarray:
+    """attention [layers, heads, T, T] -> evicted_at [layers, kv_heads, T] when every head is
+    replayed on cfg's schedule ranking by score (future_max or past_max of its group)."""
+    layers, heads = attention.shape[:2]
+    return np.stack([
+        np.stack([oracle_evictions(score(attention[i, h * group:(h + 1) * group]), start,
+                                   cfg.budget, cfg.interval, cfg.n_sinks, cfg.n_recent)
+                  for h in range(heads // group)])
+        for i in range(layers)])
 
 
 def wrong_tokens(model, ids: list[int], prompt_len: int, evicted_at: np.ndarray) -> int:
     """evicted_at [layers, kv_heads, T] -> teacher-forced argmax mismatches over the target."""
     bias = [visibility_bias(evicted_at[i]) for i in range(evicted_at.shape[0])]
-    logits = model.forward(ids, bias)
-    target = np.asarray(ids[prompt_len:])
-    return int((logits[prompt_len - 1:-1].argmax(-1) != target).sum())
+    return count_wrong(model.forward(ids, bias), ids, prompt_len)
 
 
 def run(model_dir: str, split: str, num: int | None, budget: int, interval: int,
@@ -97,7 +105,6 @@ def run(model_dir: str, split: str, num: int | None, budget: int, interval: int,
     if cfg.protect_prompt or cfg.budget_mode != "uniform":
         raise ValueError("future oracle: only uniform budgets with n_sinks protection "
                          "(protect_prompt=0, budget_mode=uniform)")
-    n_sinks, n_recent = cfg.n_sinks, cfg.n_recent
     engine = replay_engine(model_dir)
     names = ["full cache", "beacon", "future oracle", "hindsight"]
     if per_layer:
@@ -108,33 +115,23 @@ def run(model_dir: str, split: str, num: int | None, budget: int, interval: int,
         prompt = model.encode_prompt(rec["prompt"])
         ids = prompt + tok.encode(rec["target"]) + [tok.eos_id]
         logits, attention, _ = model.trace(ids)  # attention [layers, heads, T, T]
-        full = int((logits[len(prompt) - 1:-1].argmax(-1) != np.asarray(ids[len(prompt):])).sum())
-        counts["full cache"]["problems"] += full > 0
-        counts["full cache"]["tokens"] += full
-        def replay(score):  # score: [group, T, T] attention -> [T, T] ranks
-            return np.stack([
-                np.stack([oracle_evictions(score(attention[i, h * group:(h + 1) * group]),
-                                           len(prompt), cfg.budget, cfg.interval, n_sinks,
-                                           n_recent)
-                          for h in range(c.num_key_value_heads)])
-                for i in range(c.num_hidden_layers)])
-
-        oracle = replay(future_max)
+        oracle = replay_ranked(attention, future_max, group, len(prompt), cfg)
         engine_evicted, _ = engine.replay_evictions(ids, len(prompt), cfg)
         engine_evicted = np.asarray(engine_evicted)
         variants = [("beacon", engine_evicted), ("future oracle", oracle),
-                    ("hindsight", replay(past_max))]
+                    ("hindsight", replay_ranked(attention, past_max, group, len(prompt), cfg))]
         if per_layer:
             for i in range(c.num_hidden_layers):
                 mixed = engine_evicted.copy()
                 mixed[i] = oracle[i]
                 variants.append((f"oracle in layer {i} only", mixed))
-        for name, ev in variants:
-            wrong = wrong_tokens(model, ids, len(prompt), ev)
+        results = [("full cache", count_wrong(logits, ids, len(prompt)))]
+        results += [(name, wrong_tokens(model, ids, len(prompt), ev)) for name, ev in variants]
+        for name, wrong in results:
             counts[name]["problems"] += wrong > 0
             counts[name]["tokens"] += wrong
     return {"split": split, "num_problems": len(records), "budget": budget, "interval": interval,
-            "n_sinks": n_sinks, "n_recent": n_recent, "knobs": knobs,
+            "n_sinks": cfg.n_sinks, "n_recent": cfg.n_recent, "knobs": knobs,
             "variants": [{"name": n, "problems_with_wrong_tokens": v["problems"],
                           "wrong_tokens": v["tokens"]} for n, v in counts.items()]}
 

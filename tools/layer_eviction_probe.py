@@ -31,8 +31,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 def visibility_bias(evicted_at: np.ndarray, log_gap: bool = False) -> np.ndarray:
     """evicted_at [kv_heads, T] (the step after which the engine evicted each position; NEVER or
-    any value >= T if never) -> additive bias [kv_heads, T, T]: 0 where query t sees position p (p <= t
-    and not evicted before step t), -inf elsewhere; with log_gap, log(q - p) for a visible p
+    any value >= T if never) -> additive bias [kv_heads, T, T]: 0 where query t sees position p
+    (p <= t and not evicted before step t), -inf elsewhere; with log_gap, log(q - p) for a visible p
     whose next visible position (or t + 1) is q."""
     kv, t_len = evicted_at.shape
     q = np.arange(t_len)
@@ -47,6 +47,11 @@ def visibility_bias(evicted_at: np.ndarray, log_gap: bool = False) -> np.ndarray
 
 
 NEVER = 1 << 30  # evicted_at of a position the engine kept to the end
+
+
+def count_wrong(logits: np.ndarray, ids: list[int], prompt_len: int) -> int:
+    """Teacher-forced tokens of ids after the prompt whose argmax in logits [T, vocab] differs."""
+    return int((logits[prompt_len - 1:-1].argmax(-1) != np.asarray(ids[prompt_len:])).sum())
 
 
 def oracle_regions(ids: list[int], prompt_len: int, target: str, newline_id: int) -> dict:
@@ -100,7 +105,6 @@ def run(model_dir: str, split: str, num: int | None, policy: str, budget: int | 
     for rec in records:
         prompt = model.encode_prompt(rec["prompt"])
         ids = prompt + tok.encode(rec["target"]) + [tok.eos_id]
-        target = np.asarray(ids[len(prompt):])
         evicted_at, _ = engine.replay_evictions(ids, len(prompt), cfg)
         evicted_at = np.asarray(evicted_at)
         regions = oracle_regions(ids, len(prompt), rec["target"], tok.encode("\n")[0])
@@ -111,8 +115,7 @@ def run(model_dir: str, split: str, num: int | None, policy: str, budget: int | 
                     for i in range(n_layers)]
             bias = [visibility_bias(seen[i], i in biased) if i in masked else None
                     for i in range(n_layers)]
-            logits = model.forward(ids, bias)
-            wrong = int((logits[len(prompt) - 1:-1].argmax(-1) != target).sum())
+            wrong = count_wrong(model.forward(ids, bias), ids, len(prompt))
             problems[name] += wrong > 0
             tokens[name] += wrong
     return {"policy": policy, "budget": budget, "interval": interval, "knobs": knobs,

@@ -216,16 +216,24 @@ HeadCase BeaconCase() {
   return c;
 }
 
-TEST(PolicyHandWorked, BeaconKeepsWhatTheBeaconsPredict) {
+// The small beacon the hand-worked cases share: scored selection (coverage:
+// BeaconCoverageLayerKeepsAnEvenSpread), 2 recent queries, 2 beacons from a 4-query buffer, no
+// sinks.
+BeaconConfig SmallBeacon(int32_t budget) {
   BeaconConfig cfg;
-  cfg.coverage_layers = 0;  // scored selection (coverage: BeaconCoverageLayerKeepsAnEvenSpread)
-  cfg.budget = 5;
-  cfg.interval = 1;
+  cfg.coverage_layers = 0;
+  cfg.budget = budget;
   cfg.n_recent = 2;
   cfg.n_beacons = 2;
   cfg.buffer_max = 4;
   cfg.buffer_min = 2;
   cfg.n_sinks = 0;
+  return cfg;
+}
+
+TEST(PolicyHandWorked, BeaconKeepsWhatTheBeaconsPredict) {
+  BeaconConfig cfg = SmallBeacon(5);
+  cfg.interval = 1;
   cfg.protect_prompt = true;  // the prompt (position 0) fits beside the recent window
   ExpectKept(cfg, BeaconCase(), {0, 3, 5, 8, 9});
 
@@ -240,14 +248,8 @@ TEST(PolicyHandWorked, BeaconCoverageLayerKeepsAnEvenSpread) {
   // Layer 0 as a coverage layer: protected {0 (prompt), 8, 9}; 2 free slots become 2 strata
   // of the free positions 1..7, [1, 4.5) and [4.5, 8): their first tokens 1 and 5, not the
   // beacon-predicted 3.
-  BeaconConfig cfg;
-  cfg.budget = 5;
+  BeaconConfig cfg = SmallBeacon(5);
   cfg.interval = 1;
-  cfg.n_recent = 2;
-  cfg.n_beacons = 2;
-  cfg.buffer_max = 4;
-  cfg.buffer_min = 2;
-  cfg.n_sinks = 0;
   cfg.protect_prompt = true;
   cfg.coverage_layers = 1;
   ExpectKept(cfg, BeaconCase(), {0, 1, 5, 8, 9});
@@ -257,14 +259,8 @@ TEST(PolicyHandWorked, BeaconCoverageLayerKeepsAnEvenSpread) {
 }
 
 TEST(PolicyHandWorked, BeaconWithoutBeaconsIsRecentOnly) {
-  BeaconConfig cfg;
-  cfg.coverage_layers = 0;  // scored selection (coverage: BeaconCoverageLayerKeepsAnEvenSpread)
-  cfg.budget = 5;
-  cfg.n_recent = 2;
+  BeaconConfig cfg = SmallBeacon(5);
   cfg.n_beacons = 0;
-  cfg.n_sinks = 0;
-  cfg.buffer_max = 4;
-  cfg.buffer_min = 2;
   cfg.protect_prompt = true;
   ExpectKept(cfg, BeaconCase(), {0, 5, 7, 8, 9});
 }
@@ -280,15 +276,8 @@ TEST(PolicyHandWorked, BeaconRedundancyKeepsDistinctKeys) {
   const std::vector<std::vector<float>> k = {{0, 1}, {1, 0}, {1, 0}, {1, 0}, {0, -1}, {-1, 0}};
   for (int32_t p = 0; p < 6; ++p) c.AddKey(p, k[p]);
   for (int32_t p = 0; p < 6; ++p) c.AddStep(p, kZero, kZero);
-  BeaconConfig cfg;
-  cfg.coverage_layers = 0;
-  cfg.budget = 4;
+  BeaconConfig cfg = SmallBeacon(4);
   cfg.interval = 1;
-  cfg.n_recent = 2;
-  cfg.n_beacons = 2;
-  cfg.buffer_max = 4;
-  cfg.buffer_min = 2;
-  cfg.n_sinks = 0;
   ExpectKept(cfg, c, {2, 3, 4, 5});
   cfg.redundancy = 1.0;
   ExpectKept(cfg, c, {0, 3, 4, 5});
@@ -297,13 +286,7 @@ TEST(PolicyHandWorked, BeaconRedundancyKeepsDistinctKeys) {
 }
 
 TEST(PolicyHandWorked, BeaconUnprotectedPromptKeepsSinks) {
-  BeaconConfig cfg;
-  cfg.coverage_layers = 0;  // scored selection (coverage: BeaconCoverageLayerKeepsAnEvenSpread)
-  cfg.budget = 5;
-  cfg.n_recent = 2;
-  cfg.n_beacons = 2;
-  cfg.buffer_max = 4;
-  cfg.buffer_min = 2;
+  BeaconConfig cfg = SmallBeacon(5);
   cfg.protect_prompt = false;
   cfg.n_sinks = 1;
   HeadCase c = BeaconCase();
@@ -324,14 +307,9 @@ TEST(PolicyHandWorked, BeaconPooledBudgetFavoursTheFlatHead) {
   geo.num_layers = 1;
   geo.num_kv_heads = 2;
   geo.rope = testing::TestRope(2);
-  BeaconConfig cfg;
-  cfg.coverage_layers = 0;  // scored selection (coverage: BeaconCoverageLayerKeepsAnEvenSpread)
-  cfg.budget = 3;
+  BeaconConfig cfg = SmallBeacon(3);
   cfg.n_recent = 1;
   cfg.n_beacons = 0;
-  cfg.n_sinks = 0;
-  cfg.buffer_max = 4;
-  cfg.buffer_min = 2;
   cfg.budget_mode = BudgetMode::kPooled;
   auto state_or = NewPolicyState(cfg, geo, 0);
   ASSERT_TRUE(state_or.ok()) << state_or.status();
