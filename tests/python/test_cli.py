@@ -96,10 +96,12 @@ def test_held_out_splits_load_by_name_and_are_new_problems():
     from beaconkv.evaluate import load_problems
 
     seen = {p["prompt"] for split in ("dev", "test") for p in load_problems(MODEL, split)}
-    for seed in (31337, 47711, 90210):
+    for seed in (31337, 47711, 90210, 70123, 80917):
         held = load_problems(MODEL, f"heldout-{seed}")
         assert len(held) == 200 and all(p["id"].startswith(f"{seed}-") for p in held)
-        assert not seen & {p["prompt"] for p in held}
+        prompts = {p["prompt"] for p in held}
+        assert not seen & prompts  # nor a problem of an earlier split
+        seen |= prompts
     with pytest.raises(ValueError, match="no such file"):
         load_problems(MODEL, "heldout-1")
 
