@@ -10,20 +10,7 @@ model_dir, split, B, I, num, L = sys.argv[1], sys.argv[2], int(sys.argv[3]), int
 knobs = dict(k.split('=') for k in sys.argv[7:]) or None
 m = Model(model_dir); tok = m.tokenizer; c = m.config; G = c.num_attention_heads // c.num_key_value_heads
 cfg = policy_configs(['beacon'], B, I, knobs)['beacon']; eng = replay_engine(model_dir)
-def cls(prompt_len, text):
-    chars = ['P'] * prompt_len + list(text) + ['E']
-    q = text.find('?'); plan_end = prompt_len + (text.find('\n', q) + 1 if (q >= 0 and q < 100) else 0)
-    out = []
-    for p, ch in enumerate(chars):
-        if p < prompt_len: out.append('prompt')
-        elif p < plan_end: out.append('plan')
-        elif ch == '\n': out.append('newline')
-        elif ch.isalpha() or ch == '?': out.append('label')
-        elif ch.isdigit(): out.append('digit')
-        else: out.append('sign')
-    return out
 occ = {'beacon': collections.Counter(), 'oracle': collections.Counter()}
-# also: plan tokens split into 'read already' (strong read >0.3 by a query >48 later before t) vs not
 steps = 0
 for rec in load_problems(model_dir, split, num):
     p = m.encode_prompt(rec['prompt']); ids = p + tok.encode(rec['target']) + [tok.eos_id]
@@ -45,7 +32,6 @@ for rec in load_problems(model_dir, split, num):
                     willread = fut[t, q] > 0.3
                     occ[name][(k, 'read' if wasread else 'unread', 'will' if willread else 'wont')] += 1
             steps += 1
-steps //= 1
 print(split, B, I, 'layer', L, 'mean alive (non-protected) tokens per step, by class / read before / strong read later')
 keys = sorted(set(occ['beacon']) | set(occ['oracle']))
 for k in keys:

@@ -9,7 +9,6 @@ def sm(x): x = x - x.max(); e = np.exp(x); return e / e.sum()
 for pi in [4, 6]:
     rec = recs[pi]
     p = m.encode_prompt(rec['prompt']); ids = p + tok.encode(rec['target']) + [tok.eos_id]
-    text = ['<p>'] * 0
     chars = [tok.decode([i]) for i in ids]
     roles = ['p'] * len(p) + list(rec['roles']) + ['E']
     _, att, qpre, keys = m.trace_with_keys(ids); T = len(ids)

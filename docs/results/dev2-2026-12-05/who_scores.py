@@ -13,8 +13,6 @@ m = Model(model_dir); tok = m.tokenizer; c = m.config; G = c.num_attention_heads
 cfg = policy_configs(['beacon'], B, I, None)['beacon']; eng = replay_engine(model_dir); R = cfg.n_recent
 def sm(x):
     x = x - x.max(1, keepdims=True); e = np.exp(x); return e / e.sum(1, keepdims=True)
-def klass(roles_full, p):
-    return roles_full[p]
 stats = collections.defaultdict(collections.Counter)
 for rec in load_problems(model_dir, split, num):
     pr = m.encode_prompt(rec['prompt']); ids = pr + tok.encode(rec['target']) + [tok.eos_id]
@@ -33,7 +31,6 @@ for rec in load_problems(model_dir, split, num):
             rp = np.tile(rec_pos, G)
             old = np.arange(0, t + 1 - R)
             oq = rope(Q[:, old].reshape(-1, D), np.full(G * len(old), t), c.rope_theta)
-            op = np.tile(old, G)  # note reshape order: g-major
             op = np.repeat(old[None], G, 0).reshape(-1)
             Ka = K[alive]
             lr = rq @ Ka.T / np.sqrt(D); lr = np.where(alive[None] <= rp[:, None], lr, -np.inf)
