@@ -203,7 +203,10 @@ std::vector<PolicyEntry> MakeRegistry() {
                  "weight of the R-KV redundancy (x tokens) subtracted from a token's score "
                  "outside the coverage layers; 0 = off"),
        FloatKnob("redundancy_threshold", &B::redundancy_threshold, std::nullopt, std::nullopt,
-                 "cosine above which two keys are near-duplicates (redundancy > 0)")}));
+                 "cosine above which two keys are near-duplicates (redundancy > 0)"),
+       BoolKnob("count_bias", &B::count_bias,
+                "coverage layers' attention adds log(tokens of an id so far / those held) to "
+                "each held token's logit")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }

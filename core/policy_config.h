@@ -121,6 +121,11 @@ struct BeaconConfig {
   // only (a rank can be negative). Why: docs/results/accuracy.md, "Redundancy in BeaconKV".
   double redundancy = 0.0;
   double redundancy_threshold = 0.5;  // cosine above which two keys are near-duplicates
+  // In the coverage layers, attention adds log(N / K) to the logit of each held token, with N
+  // the tokens of its id the sequence has had so far and K those the head still holds: the
+  // kept ones stand in for the evicted ones of their id. Applied by the attention, not the
+  // selection (CountBiasLayers). Why: docs/results/accuracy.md, "A count bias in layer 0".
+  bool count_bias = false;
 };
 
 using PolicyConfig = std::variant<FullConfig, StreamingConfig, H2OConfig, TovaConfig, SnapKvConfig,
@@ -146,6 +151,10 @@ struct PolicyTraits {
   std::string trigger;        // when a head (or layer) is compressed
 };
 PolicyTraits DescribePolicy(const PolicyConfig& config);
+
+// The layers [0, n) whose attention adds the count bias (BeaconConfig::count_bias): beacon's
+// coverage layers when count_bias is on, else 0 for every policy.
+int32_t CountBiasLayers(const PolicyConfig& config);
 
 // ---------------------------------------------------------------------------------------
 // The policy registry: the one place that says which policies exist, which take a budget,

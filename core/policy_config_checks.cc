@@ -91,6 +91,11 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
       config);
 }
 
+int32_t CountBiasLayers(const PolicyConfig& config) {
+  const BeaconConfig* b = std::get_if<BeaconConfig>(&config);
+  return b != nullptr && b->count_bias ? b->coverage_layers : 0;
+}
+
 PolicyTraits DescribePolicy(const PolicyConfig& config) {
   return std::visit(
       Overloaded{

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 #include <optional>
 #include <utility>
@@ -137,7 +138,10 @@ absl::Status Engine::AddRequestLocked(Request request, const PolicyConfig& polic
                                                .policy_config = policy_config,
                                                .policy = std::move(policy),
                                                .out = RequestOutput{},
-                                               .evictions = {}});
+                                               .evictions = {},
+                                               .count_bias_layers = CountBiasLayers(policy_config),
+                                               .id_counts = {},
+                                               .counted = 0});
   s->out.id = request.id;
   s->out.prompt_len = static_cast<int32_t>(prompt_len);
   waiting_.push_back(request.id);
@@ -296,6 +300,41 @@ absl::Status Engine::Admit(SeqState& s) {
     s.pending = s.out.output.back();
   }
   return absl::OkStatus();
+}
+
+void Engine::CountBias(SeqState& s, int32_t position, int64_t b,
+                       std::vector<std::vector<float>>* head_bias) {
+  ScopedTimer t(&stats_.time_bookkeeping);
+  const KvShape& shape = bm_->shape();
+  const int64_t heads_total = shape.num_heads_total();
+  const int64_t rows = static_cast<int64_t>(running_.size());
+  if (head_bias->empty()) head_bias->resize(rows * heads_total);
+  const std::vector<int32_t>& prompt = s.request.prompt;
+  auto token_at = [&](int32_t p) {
+    return p < static_cast<int32_t>(prompt.size()) ? prompt[p] : s.out.output[p - prompt.size()];
+  };
+  for (; s.counted <= position; ++s.counted) ++s.id_counts[token_at(s.counted)];
+  absl::flat_hash_map<int32_t, int32_t> held;
+  std::vector<int32_t> ids;
+  for (int32_t l = 0; l < std::min(s.count_bias_layers, shape.num_layers); ++l) {
+    for (int32_t g = 0; g < shape.num_kv_heads; ++g) {
+      const SequenceId id = s.request.id;
+      const absl::Span<const BlockId> table = BKV_CHECK_VALUE(bm_->BlockTable(id, l, g));
+      const int32_t n = BKV_CHECK_VALUE(bm_->RetainedTokens(id, l, g));
+      ids.resize(n);
+      held.clear();
+      for (int32_t j = 0; j < n; ++j) {
+        ids[j] = token_at(store_->position({table[j / shape.block_size], j % shape.block_size}));
+        ++held[ids[j]];
+      }
+      std::vector<float>& bias = (*head_bias)[b * heads_total + l * shape.num_kv_heads + g];
+      bias.resize(n);
+      for (int32_t j = 0; j < n; ++j) {
+        bias[j] =
+            std::log(static_cast<float>(s.id_counts[ids[j]]) / static_cast<float>(held[ids[j]]));
+      }
+    }
+  }
 }
 
 bool Engine::Accept(SeqState& s, absl::Span<const float> logits) {
@@ -502,6 +541,10 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   }
   std::vector<SeqState*> states(rows);
   for (int64_t b = 0; b < rows; ++b) states[b] = seqs_.at(ids[b]).get();
+  std::vector<std::vector<float>> head_bias;
+  for (int64_t b = 0; b < rows; ++b) {
+    if (states[b]->count_bias_layers > 0) CountBias(*states[b], positions[b], b, &head_bias);
+  }
   QuerySink sink = [&](int32_t row, int32_t layer, int32_t kv_head, int32_t position,
                        const float* pre, const float* post) {
     Observe(*states[row], layer, kv_head, position, pre, post);
@@ -509,8 +552,9 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   const int32_t vocab = runner_.config().vocab_size;
   std::vector<float> logits(rows * vocab);
   const double scoring_before = stats_.time_scoring, start = Now();
-  absl::Status st = runner_.Decode(ids, tokens, positions, slots, *bm_, *store_, &sink,
-                                   logits.data(), &stats_.time_attention, &stats_.time_scoring);
+  absl::Status st =
+      runner_.Decode(ids, tokens, positions, slots, *bm_, *store_, &sink, logits.data(),
+                     &stats_.time_attention, &stats_.time_scoring, head_bias);
   stats_.time_decode_forward += Now() - start - (stats_.time_scoring - scoring_before);
   BKV_RETURN_IF_ERROR(st);
   BKV_RETURN_IF_ERROR(std::exchange(observe_status_, absl::OkStatus()));

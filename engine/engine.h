@@ -81,6 +81,9 @@ class Engine {
     bool in_cache = false;                 // holds blocks (running or swapped)
     int32_t peak_blocks = -1;              // peak blocks (kReserve, bounded policy); -1: none
     std::vector<EvictionEvent> evictions;  // [tokens evicted] when request.record_evictions
+    int32_t count_bias_layers = 0;         // CountBiasLayers(policy_config)
+    absl::flat_hash_map<int32_t, int32_t> id_counts;  // token id -> positions [0, counted)
+    int32_t counted = 0;
   };
 
   Engine(const EngineConfig& config, ModelRunner runner, std::unique_ptr<CpuKvStore> store,
@@ -101,6 +104,10 @@ class Engine {
   // ApplyKeepSets (every compressed layer of one sequence) plus the statistics and eviction
   // record.
   absl::Status ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep, int32_t current);
+  // The count bias of row b's heads in its count-bias layers (ModelRunner::Decode's
+  // head_bias), position = the token being decoded.
+  void CountBias(SeqState& s, int32_t position, int64_t b,
+                 std::vector<std::vector<float>>* head_bias);
   void Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t position, const float* pre,
                const float* post);
   // Appends to s.evictions the positions of `positions` (one head's, slot order) that

@@ -153,15 +153,18 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
                                  absl::Span<const int32_t> positions,
                                  absl::Span<const SlotRef> slots, const BlockManager& bm,
                                  CpuKvStore& store, const QuerySink* sink, float* logits,
-                                 double* attention_seconds, double* observe_seconds) const {
+                                 double* attention_seconds, double* observe_seconds,
+                                 absl::Span<const std::vector<float>> head_bias) const {
   const ModelConfig& c = config();
   const int64_t rows = static_cast<int64_t>(seqs.size());
   const int64_t hid = c.hidden_size, d = c.head_dim, group = group_size();
   const int64_t hq = c.num_heads * d, hkv = c.num_kv_heads * d;
   const int64_t heads_total = static_cast<int64_t>(c.num_layers) * c.num_kv_heads;
   if (tokens.size() != seqs.size() || positions.size() != seqs.size() ||
-      static_cast<int64_t>(slots.size()) != rows * heads_total) {
-    return absl::InvalidArgumentError("decode: seqs, tokens, positions and slots disagree");
+      static_cast<int64_t>(slots.size()) != rows * heads_total ||
+      (!head_bias.empty() && static_cast<int64_t>(head_bias.size()) != rows * heads_total)) {
+    return absl::InvalidArgumentError(
+        "decode: seqs, tokens, positions, slots and head_bias disagree");
   }
   for (int64_t b = 0; b < rows; ++b) {
     if (tokens[b] < 0 || tokens[b] >= c.vocab_size)
@@ -179,6 +182,12 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
         BKV_ASSIGN_OR_RETURN(absl::Span<const BlockId> t, bm.BlockTable(seqs[b], l, g));
         tables[idx] = t;
         BKV_ASSIGN_OR_RETURN(lengths[idx], bm.RetainedTokens(seqs[b], l, g));
+        if (!head_bias.empty() && !head_bias[idx].empty() &&
+            static_cast<int64_t>(head_bias[idx].size()) != lengths[idx]) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "decode: head_bias of sequence %d layer %d kv head %d has %d terms for %d slots",
+              seqs[b], l, g, head_bias[idx].size(), lengths[idx]));
+        }
       }
   const int32_t bs = bm.shape().block_size;
   std::vector<float> x(rows * hid), h(rows * hid), q(rows * hq), q_pre(rows * hq), k(rows * hkv),
@@ -211,6 +220,17 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
         std::copy(tables[src].begin(), tables[src].end(), flat_tables.begin() + dst * max_blocks);
         flat_lengths[dst] = lengths[src];
       }
+    // This layer's bias terms, [rows, num_kv_heads, max_blocks * block_size]; none if no head
+    // of the layer has any.
+    std::vector<float> flat_bias;
+    for (int64_t b = 0; b < rows && !head_bias.empty(); ++b)
+      for (int32_t g = 0; g < c.num_kv_heads; ++g) {
+        const std::vector<float>& src = head_bias[b * heads_total + l * c.num_kv_heads + g];
+        if (src.empty()) continue;
+        const int64_t stride = int64_t{max_blocks} * bs;
+        if (flat_bias.empty()) flat_bias.assign(rows * c.num_kv_heads * stride, 0.0f);
+        std::copy(src.begin(), src.end(), flat_bias.begin() + (b * c.num_kv_heads + g) * stride);
+      }
     const double t0 = Now();
     kernels::PagedAttentionShape shape;
     shape.rows = static_cast<int32_t>(rows);
@@ -219,9 +239,9 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
     shape.head_dim = c.head_dim;
     shape.block_size = bs;
     shape.max_blocks = max_blocks;
-    kernels::PagedDecodeAttentionCpu(q.data(), store.keys_data(), store.values_data(),
-                                     flat_tables.data(), flat_lengths.data(), shape, scale,
-                                     attn.data(), num_threads_);
+    kernels::PagedDecodeAttentionCpu(
+        q.data(), store.keys_data(), store.values_data(), flat_tables.data(), flat_lengths.data(),
+        shape, scale, attn.data(), num_threads_, flat_bias.empty() ? nullptr : flat_bias.data());
     if (attention_seconds != nullptr) *attention_seconds += Now() - t0;
     if (sink != nullptr) {
       const double observe_start = Now();

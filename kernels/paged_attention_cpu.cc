@@ -109,13 +109,18 @@ template <int D>
                                                  const float* k_cache, const float* v_cache,
                                                  const int32_t* table, int32_t n, int32_t bs,
                                                  int64_t d_runtime, float scale,
-                                                 float* p,   // [group, n] scratch
-                                                 float* og,  // [group, d]
+                                                 const float* bias,  // [n] or nullptr
+                                                 float* p,           // [group, n] scratch
+                                                 float* og,          // [group, d]
                                                  QkFn qk) {
   const int64_t d = D > 0 ? D : d_runtime;
   for (int32_t j0 = 0, bi = 0; j0 < n; j0 += bs, ++bi) {
     const float* kb = k_cache + int64_t{table[bi]} * bs * d;
     qk(qg, group, kb, std::min<int32_t>(bs, n - j0), d, scale, p + j0, n);
+  }
+  if (bias != nullptr) {
+    for (int32_t h = 0; h < group; ++h)
+      for (int32_t j = 0; j < n; ++j) p[int64_t{h} * n + j] += bias[j];
   }
   // The scoring pipeline's vectorised softmax: std::exp per element dominated the step.
   for (int32_t h = 0; h < group; ++h) SoftmaxInPlace(p + int64_t{h} * n, n);
@@ -141,8 +146,9 @@ template <int D>
 #define BKV_HEAD_ATTENTION(NAME, D)                                                             \
   BKV_MULTIVERSION void NAME(const float* qg, int32_t group, const float* k_cache,              \
                              const float* v_cache, const int32_t* table, int32_t n, int32_t bs, \
-                             int64_t d, float scale, float* p, float* og, QkFn qk) {            \
-    HeadAttention<D>(qg, group, k_cache, v_cache, table, n, bs, d, scale, p, og, qk);           \
+                             int64_t d, float scale, const float* bias, float* p, float* og,    \
+                             QkFn qk) {                                                         \
+    HeadAttention<D>(qg, group, k_cache, v_cache, table, n, bs, d, scale, bias, p, og, qk);     \
   }
 BKV_HEAD_ATTENTION(HeadAttention32, 32)
 BKV_HEAD_ATTENTION(HeadAttention64, 64)
@@ -154,8 +160,8 @@ BKV_HEAD_ATTENTION(HeadAttentionAny, 0)
 
 void PagedDecodeAttentionCpu(const float* q, const float* k_cache, const float* v_cache,
                              const int32_t* block_tables, const int32_t* lengths,
-                             const PagedAttentionShape& s, float scale, float* out,
-                             int num_threads) {
+                             const PagedAttentionShape& s, float scale, float* out, int num_threads,
+                             const float* bias) {
   const int64_t d = s.head_dim;
   const int32_t group = s.num_heads / s.num_kv_heads;
   auto* head_attention = d == 32    ? &HeadAttention32
@@ -174,8 +180,10 @@ void PagedDecodeAttentionCpu(const float* q, const float* k_cache, const float* 
       const int32_t n = lengths[head];
       const int64_t first = (int64_t{b} * s.num_heads + int64_t{g} * group) * d;
       std::vector<float> p(static_cast<size_t>(group) * n);  // [group, n]
+      const float* head_bias =
+          bias != nullptr ? bias + head * s.max_blocks * int64_t{s.block_size} : nullptr;
       head_attention(q + first, group, k_cache, v_cache, block_tables + head * s.max_blocks, n,
-                     s.block_size, d, scale, p.data(), out + first, qk);
+                     s.block_size, d, scale, head_bias, p.data(), out + first, qk);
     }
   }
 }

@@ -2,7 +2,8 @@
 // the result of the CUDA kernel in paged_attention.cu, and the engine's CPU path.
 //
 // For row b and query head h (kv head g = h / group): out[b, h] = sum_j p_j v_j, with
-// p = softmax_j(q[b, h] . k_j * scale) over the n = lengths[b, g] slots of the head, slot j
+// p = softmax_j(q[b, h] . k_j * scale + bias[b, g, j]) over the n = lengths[b, g] slots of the
+// head (bias 0 when `bias` is null), slot j
 // being offset j % block_size of block block_tables[b, g, j / block_size]. Slots are visited
 // in that logical order, so the result depends neither on the batch nor on the block size.
 #pragma once
@@ -27,6 +28,9 @@ void PagedDecodeAttentionCpu(const float* q,               // [rows, num_heads, 
                              const int32_t* lengths,       // [rows, num_kv_heads]
                              const PagedAttentionShape& shape, float scale,
                              float* out,  // [rows, num_heads, head_dim]
-                             int num_threads);
+                             int num_threads,
+                             // [rows, num_kv_heads, max_blocks * block_size], logical slot
+                             // order; added to the logits. The CUDA kernels take none yet.
+                             const float* bias = nullptr);
 
 }  // namespace beaconkv::kernels

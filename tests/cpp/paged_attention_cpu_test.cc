@@ -46,14 +46,18 @@ Case MakeCase(int32_t rows, int32_t heads, int32_t kv_heads, int32_t d, int32_t 
   return c;
 }
 
-std::vector<float> Attend(const Case& c, float scale, int threads) {
+std::vector<float> Attend(const Case& c, float scale, int threads,
+                          const std::vector<float>* bias = nullptr) {
   std::vector<float> out(c.q.size(), -7.0f);
   PagedDecodeAttentionCpu(c.q.data(), c.k.data(), c.v.data(), c.tables.data(), c.lengths.data(),
-                          c.s, scale, out.data(), threads);
+                          c.s, scale, out.data(), threads,
+                          bias != nullptr ? bias->data() : nullptr);
   return out;
 }
 
-std::vector<double> Reference(const Case& c, float scale) {
+// bias: [rows, kv_heads, max_blocks * block_size] logit terms in logical slot order, or null.
+std::vector<double> Reference(const Case& c, float scale,
+                              const std::vector<float>* bias = nullptr) {
   const auto& s = c.s;
   const int32_t group = s.num_heads / s.num_kv_heads;
   std::vector<double> out(c.q.size());
@@ -71,6 +75,8 @@ std::vector<double> Reference(const Case& c, float scale) {
         double dot = 0;
         for (int32_t e = 0; e < s.head_dim; ++e) dot += double(q[e]) * slot(c.k, j)[e];
         logit[j] = dot * scale;
+        if (bias != nullptr)
+          logit[j] += (*bias)[static_cast<size_t>(head) * s.max_blocks * s.block_size + j];
       }
       const double mx = *std::max_element(logit.begin(), logit.end());
       double z = 0;
@@ -100,6 +106,51 @@ TEST(PagedDecodeAttentionCpuTest, MatchesTheReferenceForEveryHeadSizePath) {
     for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-5) << "element " << i;
     EXPECT_EQ(Attend(c, scale, 2), got) << "the thread count changed the result";
   }
+}
+
+TEST(PagedDecodeAttentionCpuTest, ABiasIsAddedToEachSlotsLogit) {
+  std::mt19937 rng(29);
+  for (const auto& [heads, kv_heads, d, bs] :
+       {std::tuple{4, 2, 32, 16}, std::tuple{8, 2, 64, 5}, std::tuple{2, 1, 20, 8}}) {
+    SCOPED_TRACE(::testing::Message() << "heads " << heads << " d " << d << " block " << bs);
+    const Case c = MakeCase(/*rows=*/4, heads, kv_heads, d, bs, rng);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    std::vector<float> bias(static_cast<size_t>(c.s.rows) * kv_heads * c.s.max_blocks * bs);
+    std::uniform_real_distribution<float> u(0.0f, 3.0f);
+    for (float& x : bias) x = u(rng);
+    const std::vector<float> got = Attend(c, scale, 1, &bias);
+    const std::vector<double> want = Reference(c, scale, &bias);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-5) << "element " << i;
+    EXPECT_EQ(Attend(c, scale, 2, &bias), got) << "the thread count changed the result";
+    // The bias moves the output; an all-zero one does not.
+    const std::vector<double> plain = Reference(c, scale);
+    double moved = 0;
+    for (size_t i = 0; i < got.size(); ++i) moved = std::max(moved, std::abs(got[i] - plain[i]));
+    EXPECT_GT(moved, 1e-2);
+    const std::vector<float> zero(bias.size(), 0.0f);
+    EXPECT_EQ(Attend(c, scale, 1, &zero), Attend(c, scale, 1));
+  }
+}
+
+// A slot with bias log(m) weighs as m copies of itself: the count bias's premise.
+TEST(PagedDecodeAttentionCpuTest, ABiasOfLogMWeighsAsMCopies) {
+  std::mt19937 rng(5);
+  Case a = MakeCase(/*rows=*/1, 2, 1, 32, /*bs=*/4, rng);
+  a.lengths = {3};
+  a.s.max_blocks = 2;
+  a.tables = {0, 1};
+  a.k.resize(std::max<size_t>(a.k.size(), 8 * 32), 0.5f);  // two blocks of 4 slots
+  a.v.resize(a.k.size(), -0.5f);
+  Case b = a;  // slots 0, 1, 2 and two copies of slot 1 (slots 3, 4)
+  b.lengths = {5};
+  for (int32_t copy : {3, 4}) {
+    std::copy_n(&a.k[1 * 32], 32, &b.k[static_cast<size_t>(copy) * 32]);
+    std::copy_n(&a.v[1 * 32], 32, &b.v[static_cast<size_t>(copy) * 32]);
+  }
+  std::vector<float> bias(8, 0.0f);
+  bias[1] = std::log(3.0f);
+  const std::vector<float> weighted = Attend(a, 0.3f, 1, &bias), copies = Attend(b, 0.3f, 1);
+  for (size_t i = 0; i < weighted.size(); ++i) EXPECT_NEAR(weighted[i], copies[i], 1e-5);
 }
 
 TEST(PagedDecodeAttentionCpuTest, TheBlockSizeDoesNotChangeTheResult) {

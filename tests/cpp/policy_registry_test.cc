@@ -145,5 +145,19 @@ TEST(PolicyRegistryTest, BuildRefusesWhatItCannotUse) {
   EXPECT_TRUE(Contains(BuildError({"beacon", 8, {}, {}}), "protected tokens"));  // validated
 }
 
+TEST(PolicyRegistryTest, CountBiasGoesToTheCoverageLayersOfBeaconOnly) {
+  BeaconConfig b;
+  EXPECT_EQ(CountBiasLayers(b), 0);  // off by default
+  b.count_bias = true;
+  EXPECT_EQ(CountBiasLayers(b), 1);
+  b.coverage_layers = 2;
+  EXPECT_EQ(CountBiasLayers(b), 2);
+  b.coverage_layers = 0;
+  EXPECT_EQ(CountBiasLayers(b), 0);
+  EXPECT_EQ(CountBiasLayers(SnapKvConfig{}), 0);
+  EXPECT_EQ(CountBiasLayers(FullConfig{}), 0);
+  EXPECT_TRUE(std::get<BeaconConfig>(Build({"beacon:count_bias=true", 64, {}, {}})).count_bias);
+}
+
 }  // namespace
 }  // namespace beaconkv

@@ -333,6 +333,8 @@ def test_unknown_policy_or_knob_fails_at_engine_start(monkeypatch):
         config.parse(json.dumps({"policy": "beacon", "budget": 64, "scorer": "cuda"}))
     assert config.parse(json.dumps({"policy": "beacon", "budget": 64})).scorer == "host"
     assert config.parse(json.dumps({"policy": "beacon", "scorer": "paged"})).scorer == "paged"
+    with pytest.raises(ValueError, match="count_bias is not supported inside vLLM"):
+        config.parse(json.dumps({"policy": "beacon", "budget": 64, "knobs": ["count_bias=true"]}))
     monkeypatch.setenv("BEACONKV_VLLM_CONFIG", json.dumps({"policy": "nosuch"}))
     with pytest.raises(ValueError, match="nosuch"):
         _scheduler("ours", 400)

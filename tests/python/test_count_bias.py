@@ -1,0 +1,92 @@
+"""The count bias (beacon `count_bias`): the engine's attention in the coverage layers adds
+log(N / K) to each held token's logit, N the tokens of its id the sequence has had so far, K
+those the head still holds. Checked against the NumPy reference given that bias explicitly."""
+
+import os
+
+import numpy as np
+import pytest
+
+import beaconkv
+from beaconkv import reference
+from beaconkv.evaluate import load_problems
+
+MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny-reasoner")
+
+
+def visible(evicted_at: np.ndarray) -> np.ndarray:
+    """[kv_heads, T, T]: 0 where query t sees position p (p <= t, not evicted before step t),
+    -inf elsewhere."""
+    t_len = evicted_at.shape[1]
+    q = np.arange(t_len)
+    seen = (evicted_at[:, None, :] >= q[None, :, None]) & (q[None, None, :] <= q[None, :, None])
+    return np.where(seen, 0.0, -np.inf).astype(np.float32)
+
+
+def count_bias(evicted_at: np.ndarray, ids: list[int]) -> np.ndarray:
+    """visible() plus log(N / K) on each visible position p of query t, with N the positions
+    <= t holding p's token id and K the visible ones."""
+    out = visible(evicted_at)
+    ids = np.asarray(ids)
+    vocab = int(ids.max()) + 1
+    for h in range(out.shape[0]):
+        for t in range(out.shape[1]):
+            seen = np.nonzero(np.isfinite(out[h, t]))[0]
+            n = np.bincount(ids[:t + 1], minlength=vocab)
+            k = np.bincount(ids[seen], minlength=vocab)
+            out[h, t, seen] = np.log(n[ids[seen]] / k[ids[seen]])
+    return out
+
+
+def forced_logits(cfg, prompt: list[int], forced: list[int]) -> np.ndarray:
+    eng = beaconkv.Engine(MODEL, policy=cfg, max_batch=1)
+    eng.add_request(0, prompt, forced_output=forced, return_logits=True,
+                    max_new_tokens=len(forced))
+    out = None
+    while eng.has_unfinished:
+        for o in eng.step():
+            out = o
+    return np.asarray(out["logits"]).reshape(len(forced), -1)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    model = reference.Model(MODEL)
+    rec = load_problems(MODEL, "dev", 1)[0]
+    prompt = model.encode_prompt(rec["prompt"])
+    ids = prompt + model.tokenizer.encode(rec["target"]) + [model.tokenizer.eos_id]
+    return model, prompt, ids[:400]  # ~40 compressions at 64 / 8
+
+
+def test_engine_matches_the_reference_with_the_count_bias(problem):
+    model, prompt, ids = problem
+    cfg = beaconkv.make_policy_config("beacon", 64, interval=8, knobs={"count_bias": True})
+    got = forced_logits(cfg, prompt, ids[len(prompt):])
+    engine = beaconkv.Engine(MODEL, max_batch=1)
+    evicted_at = np.asarray(engine.replay_evictions(ids, len(prompt), cfg)[0])
+    assert cfg.coverage_layers == 1  # the bias goes to layer 0 only
+    masks = [visible(evicted_at[i]) for i in range(model.config.num_hidden_layers)]
+    want = model.forward(ids, [count_bias(evicted_at[0], ids)] + masks[1:])
+    unbiased = model.forward(ids, masks)
+    span = slice(len(prompt) - 1, len(ids) - 1)
+    np.testing.assert_allclose(got, want[span], atol=2e-3)
+    # The bias is not a no-op here: without it the reference is far from the engine.
+    assert np.abs(got - unbiased[span]).max() > 0.1
+
+
+def test_without_evictions_the_count_bias_is_zero(problem):
+    _, prompt, ids = problem
+    forced = ids[len(prompt):]
+    # A budget above the sequence's length: every id keeps all of its tokens, log(N / N) = 0.
+    on = beaconkv.make_policy_config("beacon", 512, knobs={"count_bias": True})
+    off = beaconkv.make_policy_config("beacon", 512)
+    np.testing.assert_array_equal(forced_logits(on, prompt, forced),
+                                  forced_logits(off, prompt, forced))
+
+
+def test_count_bias_is_a_registry_knob():
+    spec = {k.name: k for k in beaconkv.policy_spec("beacon").knobs}
+    assert spec["count_bias"].default is False
+    assert beaconkv.make_policy_config("beacon", 64, knobs={"count_bias": True}).count_bias
+    with pytest.raises(ValueError, match="count_bias"):
+        beaconkv.make_policy_config("beacon", 64, knobs={"count_bias": "sometimes"})
