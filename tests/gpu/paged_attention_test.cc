@@ -53,20 +53,30 @@ TEST_P(PagedAttentionGpuTest, MatchesTheCpuTwin) {
   for (float& x : v) x = nd(rng);
   for (float& x : q) x = nd(rng);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<float> want(q.size());
-  PagedDecodeAttentionCpu(q.data(), k.data(), v.data(), tables.data(), lengths.data(), s, scale,
-                          want.data(), 1);
-
-  float *dq = ToDevice(q), *dk = ToDevice(k), *dv = ToDevice(v), *dout = ToDevice(want);
-  int32_t *dt = ToDevice(tables), *dl = ToDevice(lengths);
-  ASSERT_EQ(cudaMemset(dout, 0xff, want.size() * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(PagedDecodeAttention(dq, dk, dv, dt, dl, s, scale, dout, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> got(want.size());
-  ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * sizeof(float), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-5f) << "element " << i;
-  for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dout, (void*)dt, (void*)dl}) cudaFree(p);
+  // The count bias's logit terms, [rows, kv_heads, max_blocks * block_size].
+  std::vector<float> bias(lengths.size() * s.max_blocks * bs);
+  std::uniform_real_distribution<float> ud(0.0f, 3.0f);
+  for (float& x : bias) x = ud(rng);
+  for (const bool with_bias : {false, true}) {
+    SCOPED_TRACE(with_bias ? "with a bias" : "without a bias");
+    std::vector<float> want(q.size());
+    PagedDecodeAttentionCpu(q.data(), k.data(), v.data(), tables.data(), lengths.data(), s, scale,
+                            want.data(), 1, with_bias ? bias.data() : nullptr);
+    float *dq = ToDevice(q), *dk = ToDevice(k), *dv = ToDevice(v), *dout = ToDevice(want),
+          *db = ToDevice(bias);
+    int32_t *dt = ToDevice(tables), *dl = ToDevice(lengths);
+    ASSERT_EQ(cudaMemset(dout, 0xff, want.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(
+        PagedDecodeAttention(dq, dk, dv, dt, dl, s, scale, dout, nullptr, with_bias ? db : nullptr),
+        cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> got(want.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), dout, got.size() * sizeof(float), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-5f) << "element " << i;
+    for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dout, (void*)db, (void*)dt, (void*)dl})
+      cudaFree(p);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionGpuTest,
