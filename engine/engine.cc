@@ -141,7 +141,8 @@ absl::Status Engine::AddRequestLocked(Request request, const PolicyConfig& polic
                                                .evictions = {},
                                                .count_bias_layers = CountBiasLayers(policy_config),
                                                .id_counts = {},
-                                               .counted = 0});
+                                               .counted = 0,
+                                               .count_heads = {}});
   s->out.id = request.id;
   s->out.prompt_len = static_cast<int32_t>(prompt_len);
   waiting_.push_back(request.id);
@@ -313,26 +314,47 @@ void Engine::CountBias(SeqState& s, int32_t position, int64_t b,
   auto token_at = [&](int32_t p) {
     return p < static_cast<int32_t>(prompt.size()) ? prompt[p] : s.out.output[p - prompt.size()];
   };
+  // Between compressions a step adds one token to every head, and only that token's id
+  // changes its N / K: its slots are updated in place. Anything else (the first step, a
+  // compression, a re-prefill) counts the head again.
+  const int32_t advanced = position + 1 - s.counted;
   for (; s.counted <= position; ++s.counted) ++s.id_counts[token_at(s.counted)];
-  absl::flat_hash_map<int32_t, int32_t> held;
-  std::vector<int32_t> ids;
-  for (int32_t l = 0; l < std::min(s.count_bias_layers, shape.num_layers); ++l) {
+  const int32_t layers = std::min(s.count_bias_layers, shape.num_layers);
+  s.count_heads.resize(static_cast<size_t>(layers) * shape.num_kv_heads);
+  const SequenceId id = s.request.id;
+  for (int32_t l = 0; l < layers; ++l) {
     for (int32_t g = 0; g < shape.num_kv_heads; ++g) {
-      const SequenceId id = s.request.id;
       const absl::Span<const BlockId> table = BKV_CHECK_VALUE(bm_->BlockTable(id, l, g));
       const int32_t n = BKV_CHECK_VALUE(bm_->RetainedTokens(id, l, g));
-      ids.resize(n);
-      held.clear();
-      for (int32_t j = 0; j < n; ++j) {
-        ids[j] = token_at(store_->position({table[j / shape.block_size], j % shape.block_size}));
-        ++held[ids[j]];
+      auto position_of = [&](int32_t j) {
+        return store_->position({table[j / shape.block_size], j % shape.block_size});
+      };
+      SeqState::CountHead& c = s.count_heads[static_cast<size_t>(l) * shape.num_kv_heads + g];
+      auto term = [&](int32_t token) {
+        return std::log(static_cast<float>(s.id_counts[token]) / static_cast<float>(c.held[token]));
+      };
+      const bool grown_by_one = advanced == 1 && n >= 2 &&
+                                n == static_cast<int32_t>(c.ids.size()) + 1 &&
+                                position_of(0) == c.first && position_of(n - 2) == c.last;
+      if (grown_by_one) {
+        const int32_t token = token_at(position_of(n - 1));
+        c.ids.push_back(token);
+        ++c.held[token];
+        const float v = term(token);
+        c.bias.push_back(v);
+        for (int32_t j = 0; j + 1 < n; ++j) {
+          if (c.ids[j] == token) c.bias[j] = v;
+        }
+      } else {
+        c.ids.resize(n);
+        c.held.clear();
+        for (int32_t j = 0; j < n; ++j) ++c.held[c.ids[j] = token_at(position_of(j))];
+        c.bias.resize(n);
+        for (int32_t j = 0; j < n; ++j) c.bias[j] = term(c.ids[j]);
       }
-      std::vector<float>& bias = (*head_bias)[b * heads_total + l * shape.num_kv_heads + g];
-      bias.resize(n);
-      for (int32_t j = 0; j < n; ++j) {
-        bias[j] =
-            std::log(static_cast<float>(s.id_counts[ids[j]]) / static_cast<float>(held[ids[j]]));
-      }
+      c.first = n > 0 ? position_of(0) : -1;
+      c.last = n > 0 ? position_of(n - 1) : -1;
+      (*head_bias)[b * heads_total + l * shape.num_kv_heads + g] = c.bias;
     }
   }
 }

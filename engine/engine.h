@@ -84,6 +84,16 @@ class Engine {
     int32_t count_bias_layers = 0;         // CountBiasLayers(policy_config)
     absl::flat_hash_map<int32_t, int32_t> id_counts;  // token id -> positions [0, counted)
     int32_t counted = 0;
+    // Per count-bias head ([layer * num_kv_heads + kv_head]), as of the last decode step: the
+    // held slots' ids and bias terms in logical order, tokens held per id, and the positions
+    // of the first and last slot, which tell whether the head has only grown by one since.
+    struct CountHead {
+      std::vector<int32_t> ids;
+      std::vector<float> bias;
+      absl::flat_hash_map<int32_t, int32_t> held;
+      int32_t first = -1, last = -1;
+    };
+    std::vector<CountHead> count_heads;
   };
 
   Engine(const EngineConfig& config, ModelRunner runner, std::unique_ptr<CpuKvStore> store,
