@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                     const int32_t* __restrict__ block_tables,  // [rows, kv_heads, max_blocks]
                     const int32_t* __restrict__ lengths,       // [rows, kv_heads]
                     PagedAttentionShape s, float scale, int32_t chunk,
+                    const float* __restrict__ bias,    // [rows, kv_heads, max_len] or null
                     float* __restrict__ out,           // [rows, num_heads, head_dim]
                     float* __restrict__ partial_out,   // [rows, num_heads, splits, head_dim]
                     float* __restrict__ partial_ml) {  // [rows, num_heads, splits, 2]
@@ -90,6 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t n = lengths[kv];
   const int32_t* table = block_tables + kv * s.max_blocks;
   const int32_t begin = split * chunk, end = min(n, begin + chunk);
+  const float* bh = bias != nullptr ? bias + kv * s.max_blocks * s.block_size : nullptr;
 
   float qr[GROUP][L::kElems];  // this lane's elements of every query head of the group
 #pragma unroll
@@ -112,12 +114,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   // tokens past the end.
   constexpr int kStride = kWarps * L::kTokens;
   for (int32_t j0 = begin + warp * L::kTokens; j0 < end; j0 += kStride * kUnroll) {
-    float kx[kUnroll][L::kElems], vx[kUnroll][L::kElems];
+    float kx[kUnroll][L::kElems], vx[kUnroll][L::kElems], bx[kUnroll];
     bool valid[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int32_t j = j0 + u * kStride + sub;
       valid[u] = j < end;
+      bx[u] = valid[u] && bh != nullptr ? bh[j] : 0.0f;
       if (valid[u]) {
         const int64_t slot = int64_t{table[j / s.block_size]} * s.block_size + j % s.block_size;
         const T* kp = k_cache + slot * HEAD_DIM;
@@ -142,7 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int off = L::kLanes / 2; off > 0; off /= 2)
           dot += __shfl_xor_sync(0xffffffffu, dot, off);
         if (!valid[u]) continue;
-        const float logit = dot * scale;
+        const float logit = dot * scale + bx[u];
         const float m_new = fmaxf(m[g], logit);
         const float corr = __expf(m[g] - m_new), w = __expf(logit - m_new);
 #pragma unroll
@@ -218,15 +221,16 @@ size_t WorkspaceBytes(const PagedAttentionShape& s, int32_t splits, int32_t head
 template <typename T, int HEAD_DIM, int GROUP>
 cudaError_t Launch(void* workspace, const float* q, const void* k, const void* v,
                    const int32_t* tables, const int32_t* lengths, const PagedAttentionShape& s,
-                   float scale, int32_t splits, float* out, cudaStream_t stream) {
+                   float scale, int32_t splits, const float* bias, float* out,
+                   cudaStream_t stream) {
   const int32_t max_len = s.max_blocks * s.block_size;
   const int32_t chunk = std::max<int32_t>(1, (max_len + splits - 1) / splits);
   float* partial_out = static_cast<float*>(workspace);
   float* partial_ml = partial_out + static_cast<size_t>(s.rows) * s.num_heads * splits * HEAD_DIM;
   const dim3 grid(s.num_kv_heads, s.rows, splits);
   GqaDecodeKernel<T, HEAD_DIM, GROUP><<<grid, kWarps * 32, 0, stream>>>(
-      q, static_cast<const T*>(k), static_cast<const T*>(v), tables, lengths, s, scale, chunk, out,
-      partial_out, partial_ml);
+      q, static_cast<const T*>(k), static_cast<const T*>(v), tables, lengths, s, scale, chunk, bias,
+      out, partial_out, partial_ml);
   if (splits > 1) {
     MergeSplitsKernel<HEAD_DIM>
         <<<s.rows * s.num_heads, 128, 0, stream>>>(partial_out, partial_ml, splits, out);
@@ -311,7 +315,7 @@ cudaError_t PagedDecodeAttentionGqa(void* workspace, size_t* workspace_bytes, co
                                     const void* k_cache, const void* v_cache, KvDtype dtype,
                                     const int32_t* block_tables, const int32_t* lengths,
                                     const PagedAttentionShape& s, float scale, int32_t num_splits,
-                                    float* out, cudaStream_t stream) {
+                                    float* out, cudaStream_t stream, const float* bias) {
   if (workspace_bytes == nullptr || s.rows < 0 || s.num_heads < 1 || s.num_kv_heads < 1 ||
       s.num_heads % s.num_kv_heads != 0 || s.block_size < 1 || s.max_blocks < 0 || num_splits < 1 ||
       (s.head_dim != 32 && s.head_dim != 64 && s.head_dim != 128)) {
@@ -331,7 +335,8 @@ cudaError_t PagedDecodeAttentionGqa(void* workspace, size_t* workspace_bytes, co
   if (s.rows == 0) return cudaSuccess;
   return DispatchGqa(dtype, s.head_dim, group, [&](auto zero, auto hd, auto g) {
     return Launch<decltype(zero), decltype(hd)::value, decltype(g)::value>(
-        workspace, q, k_cache, v_cache, block_tables, lengths, s, scale, num_splits, out, stream);
+        workspace, q, k_cache, v_cache, block_tables, lengths, s, scale, num_splits, bias, out,
+        stream);
   });
 }
 

@@ -46,6 +46,8 @@ cudaError_t PagedDecodeAttentionGqa(void* workspace,          // device scratch 
                                     const PagedAttentionShape& shape, float scale,
                                     int32_t num_splits,
                                     float* out,  // [rows, num_heads, head_dim]
-                                    cudaStream_t stream);
+                                    cudaStream_t stream,
+                                    // as PagedDecodeAttentionCpu's, on the device, or null
+                                    const float* bias = nullptr);
 
 }  // namespace beaconkv::kernels

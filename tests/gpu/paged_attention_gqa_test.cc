@@ -60,26 +60,34 @@ TEST_P(PagedAttentionGqaGpuTest, MatchesTheCpuTwin) {
   for (float& x : q) x = nd(rng);
   const std::vector<uint8_t> k_bytes = Store(k, dtype), v_bytes = Store(v, dtype);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<float> want(q.size());
-  PagedDecodeAttentionCpu(q.data(), k.data(), v.data(), tables.data(), lengths.data(), s, scale,
-                          want.data(), 1);
-
-  DeviceBuffer dq(q), dk(k_bytes), dv(v_bytes), dt(tables), dl(lengths),
-      dout(want.size() * sizeof(float));
-  size_t bytes = 0;
-  ASSERT_EQ(PagedDecodeAttentionGqa(nullptr, &bytes, dq.as<float>(), dk.as<void>(), dv.as<void>(),
-                                    dtype, dt.as<int32_t>(), dl.as<int32_t>(), s, scale, splits,
-                                    dout.as<float>(), nullptr),
-            cudaSuccess);
-  DeviceBuffer work(bytes);
-  ASSERT_EQ(cudaMemset(dout.as<float>(), 0xff, want.size() * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(PagedDecodeAttentionGqa(work.as<void>(), &bytes, dq.as<float>(), dk.as<void>(),
-                                    dv.as<void>(), dtype, dt.as<int32_t>(), dl.as<int32_t>(), s,
-                                    scale, splits, dout.as<float>(), nullptr),
-            cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> got = ToHost(dout.as<float>(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-5f) << "element " << i;
+  // The count bias's logit terms, [rows, kv_heads, max_blocks * block_size].
+  std::vector<float> bias(lengths.size() * s.max_blocks * bs);
+  std::uniform_real_distribution<float> ud(0.0f, 3.0f);
+  for (float& x : bias) x = ud(rng);
+  DeviceBuffer dq(q), dk(k_bytes), dv(v_bytes), dt(tables), dl(lengths), db(bias);
+  for (const bool with_bias : {false, true}) {
+    SCOPED_TRACE(with_bias ? "with a bias" : "without a bias");
+    const float* host_bias = with_bias ? bias.data() : nullptr;
+    const float* device_bias = with_bias ? db.as<float>() : nullptr;
+    std::vector<float> want(q.size());
+    PagedDecodeAttentionCpu(q.data(), k.data(), v.data(), tables.data(), lengths.data(), s, scale,
+                            want.data(), 1, host_bias);
+    DeviceBuffer dout(want.size() * sizeof(float));
+    size_t bytes = 0;
+    ASSERT_EQ(PagedDecodeAttentionGqa(nullptr, &bytes, dq.as<float>(), dk.as<void>(), dv.as<void>(),
+                                      dtype, dt.as<int32_t>(), dl.as<int32_t>(), s, scale, splits,
+                                      dout.as<float>(), nullptr, device_bias),
+              cudaSuccess);
+    DeviceBuffer work(bytes);
+    ASSERT_EQ(cudaMemset(dout.as<float>(), 0xff, want.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(PagedDecodeAttentionGqa(work.as<void>(), &bytes, dq.as<float>(), dk.as<void>(),
+                                      dv.as<void>(), dtype, dt.as<int32_t>(), dl.as<int32_t>(), s,
+                                      scale, splits, dout.as<float>(), nullptr, device_bias),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got = ToHost(dout.as<float>(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-5f) << "element " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionGqaGpuTest,
