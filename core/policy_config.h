@@ -124,7 +124,7 @@ struct BeaconConfig {
   // In the coverage layers, attention adds log(N / K) to the logit of each held token, with N
   // the tokens of its id the sequence has had so far and K those the head still holds: the
   // kept ones stand in for the evicted ones of their id. Applied by the attention, not the
-  // selection (CountBiasLayers). Why: docs/results/accuracy.md, "A count bias in layer 0".
+  // selection (CountBiasLayers). Why: docs/results/accuracy.md, "The count bias".
   bool count_bias = false;
 };
 

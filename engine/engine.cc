@@ -139,7 +139,6 @@ absl::Status Engine::AddRequestLocked(Request request, const PolicyConfig& polic
                                                .policy = std::move(policy),
                                                .out = RequestOutput{},
                                                .evictions = {},
-                                               .count_bias_layers = CountBiasLayers(policy_config),
                                                .id_counts = {},
                                                .counted = 0,
                                                .count_heads = {}});
@@ -319,7 +318,7 @@ void Engine::CountBias(SeqState& s, int32_t position, int64_t b,
   // compression, a re-prefill) counts the head again.
   const int32_t advanced = position + 1 - s.counted;
   for (; s.counted <= position; ++s.counted) ++s.id_counts[token_at(s.counted)];
-  const int32_t layers = std::min(s.count_bias_layers, shape.num_layers);
+  const int32_t layers = std::min(CountBiasLayers(s.policy_config), shape.num_layers);
   s.count_heads.resize(static_cast<size_t>(layers) * shape.num_kv_heads);
   const SequenceId id = s.request.id;
   for (int32_t l = 0; l < layers; ++l) {
@@ -565,7 +564,8 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   for (int64_t b = 0; b < rows; ++b) states[b] = seqs_.at(ids[b]).get();
   std::vector<std::vector<float>> head_bias;
   for (int64_t b = 0; b < rows; ++b) {
-    if (states[b]->count_bias_layers > 0) CountBias(*states[b], positions[b], b, &head_bias);
+    if (CountBiasLayers(states[b]->policy_config) > 0)
+      CountBias(*states[b], positions[b], b, &head_bias);
   }
   QuerySink sink = [&](int32_t row, int32_t layer, int32_t kv_head, int32_t position,
                        const float* pre, const float* post) {

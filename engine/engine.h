@@ -81,7 +81,6 @@ class Engine {
     bool in_cache = false;                 // holds blocks (running or swapped)
     int32_t peak_blocks = -1;              // peak blocks (kReserve, bounded policy); -1: none
     std::vector<EvictionEvent> evictions;  // [tokens evicted] when request.record_evictions
-    int32_t count_bias_layers = 0;         // CountBiasLayers(policy_config)
     absl::flat_hash_map<int32_t, int32_t> id_counts;  // token id -> positions [0, counted)
     int32_t counted = 0;
     // Per count-bias head ([layer * num_kv_heads + kv_head]), as of the last decode step: the

@@ -30,7 +30,7 @@ void PagedDecodeAttentionCpu(const float* q,               // [rows, num_heads, 
                              float* out,  // [rows, num_heads, head_dim]
                              int num_threads,
                              // [rows, num_kv_heads, max_blocks * block_size], logical slot
-                             // order; added to the logits. The CUDA kernels take none yet.
+                             // order; added to the logits (the CUDA kernels take the same).
                              const float* bias = nullptr);
 
 }  // namespace beaconkv::kernels

@@ -2,6 +2,7 @@
 log(N / K) to each held token's logit, N the tokens of its id the sequence has had so far, K
 those the head still holds. Checked against the NumPy reference given that bias explicitly."""
 
+import importlib.util
 import json
 import os
 
@@ -15,13 +16,17 @@ from beaconkv.evaluate import load_problems
 MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny-reasoner")
 
 
-def visible(evicted_at: np.ndarray) -> np.ndarray:
-    """[kv_heads, T, T]: 0 where query t sees position p (p <= t, not evicted before step t),
-    -inf elsewhere."""
-    t_len = evicted_at.shape[1]
-    q = np.arange(t_len)
-    seen = (evicted_at[:, None, :] >= q[None, :, None]) & (q[None, None, :] <= q[None, :, None])
-    return np.where(seen, 0.0, -np.inf).astype(np.float32)
+def _visibility_bias():
+    """tools/layer_eviction_probe.py's visibility_bias (tested in test_study_tools.py): 0 where
+    query t sees position p (p <= t, not evicted before step t), -inf elsewhere."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "layer_eviction_probe.py")
+    spec = importlib.util.spec_from_file_location("layer_eviction_probe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.visibility_bias
+
+
+visible = _visibility_bias()
 
 
 def count_bias(evicted_at: np.ndarray, ids: list[int]) -> np.ndarray:
