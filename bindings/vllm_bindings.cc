@@ -38,6 +38,7 @@
 #include "core/scoring.h"
 #include "core/status_macros.h"
 #include "engine/compress_step.h"
+#include "engine/count_bias.h"
 #include "engine/tensor_ops.h"
 #include "kernels/paged_attention_cpu.h"
 #include "kernels/scorer.h"
@@ -127,10 +128,26 @@ class VllmKvCache {
     return need;
   }
 
+  // Whether Allocate needs the new tokens' ids: the count bias (CountBiasLayers) reads them.
+  bool NeedsTokenIds() const { return CountBiasLayers(policy_) > 0; }
+
   // Room for `n` new tokens of `id` in every head; false (and nothing changed) when the pool
-  // cannot hold them.
-  bool Allocate(SequenceId id, int32_t n, int32_t prompt_len) {
+  // cannot hold them. `token_ids` (None, or the n new tokens' ids) is required when
+  // NeedsTokenIds().
+  bool Allocate(SequenceId id, int32_t n, int32_t prompt_len, const py::object& token_ids) {
     if (n < 0) throw py::value_error(absl::StrFormat("negative token count %d", n));
+    std::vector<int32_t> new_ids;
+    if (!token_ids.is_none()) {
+      const auto a = py::cast<IntArray>(token_ids);
+      if (a.ndim() != 1 || a.size() != n) {
+        throw py::value_error(absl::StrFormat(
+            "allocate: token_ids must hold the %d new tokens' ids, got %d", n, a.size()));
+      }
+      new_ids.assign(a.data(), a.data() + n);
+    } else if (NeedsTokenIds() && n > 0) {
+      throw py::value_error(absl::StrFormat(
+          "allocate: sequence %d: the count bias needs the token ids of its new tokens", id));
+    }
     if (n == 0) return true;
     return LockedQuick([&] {
       if (BlocksNeededLocked(id, n) > manager_->NumFreeBlocks()) return false;
@@ -139,10 +156,14 @@ class VllmKvCache {
         Check(manager_->AddSequence(id, n));
         policies_[id] = std::move(pol);
         steps_[id] = Steps{prompt_len, n};
-        return true;
+      } else {
+        for (int32_t i = 0; i < n; ++i) Check(manager_->AppendToken(id));
+        steps_[id].last_tokens = n;
       }
-      for (int32_t i = 0; i < n; ++i) Check(manager_->AppendToken(id));
-      steps_[id].last_tokens = n;
+      if (NeedsTokenIds()) {
+        std::vector<int32_t>& ids = counts_[id].tokens;
+        ids.insert(ids.end(), new_ids.begin(), new_ids.end());
+      }
       return true;
     });
   }
@@ -151,6 +172,7 @@ class VllmKvCache {
     LockedQuick([&] {
       policies_.erase(id);
       steps_.erase(id);
+      counts_.erase(id);
       if (manager_->HasSequence(id)) Check(manager_->FreeSequence(id));
     });
   }
@@ -406,6 +428,10 @@ class VllmKvCache {
         const int64_t nd = decode_rows.size();
         std::vector<int32_t> tables(nd * hkv * max_blocks, 0), lengths(nd * hkv);
         std::vector<float> dq(nd * num_heads_ * d), dout(nd * num_heads_ * d);
+        // The count bias of this layer's heads, [rows, kv_heads, max_blocks * block_size].
+        const bool biased = layer < CountBiasLayers(policy_);
+        const int64_t capacity = static_cast<int64_t>(max_blocks) * s.block_size;
+        std::vector<float> bias(biased ? nd * hkv * capacity : 0, 0.0f);
         for (int64_t i = 0; i < nd; ++i) {
           const SequenceId id = ids[decode_rows[i]];
           std::copy_n(qp + decode_tokens[i] * num_heads_ * d, num_heads_ * d,
@@ -415,12 +441,16 @@ class VllmKvCache {
             std::copy(t.begin(), t.end(), tables.data() + (i * hkv + h) * max_blocks);
             BKV_ASSIGN_OR_RETURN(lengths[i * hkv + h], manager_->RetainedTokens(id, layer, h));
           }
+          if (biased) {
+            BKV_RETURN_IF_ERROR(HeadBias(
+                id, layer, absl::MakeSpan(bias).subspan(i * hkv * capacity, hkv * capacity)));
+          }
         }
         kernels::PagedAttentionShape shape{
             static_cast<int32_t>(nd), num_heads_, hkv, d, s.block_size, max_blocks};
         kernels::PagedDecodeAttentionCpu(dq.data(), store_->keys_data(), store_->values_data(),
                                          tables.data(), lengths.data(), shape, scale, dout.data(),
-                                         num_threads);
+                                         num_threads, biased ? bias.data() : nullptr);
         for (int64_t i = 0; i < nd; ++i) {
           std::copy_n(dout.data() + i * num_heads_ * d, num_heads_ * d,
                       op + decode_tokens[i] * num_heads_ * d);
@@ -478,6 +508,29 @@ class VllmKvCache {
   }
 
  private:
+  // The count bias of every kv head of `id` in `layer` (out: [kv_heads, capacity], logical slot
+  // order), its newest token being the one this step decodes.
+  absl::Status HeadBias(SequenceId id, int32_t layer, absl::Span<float> out) {
+    auto it = counts_.find(id);
+    BKV_ASSIGN_OR_RETURN(const int32_t next, manager_->NextPosition(id));
+    if (it == counts_.end() || static_cast<int32_t>(it->second.tokens.size()) != next) {
+      return absl::InternalError(absl::StrFormat(
+          "sequence %d: the pool holds %d positions but knows the ids of %d", id, next,
+          it == counts_.end() ? 0 : static_cast<int32_t>(it->second.tokens.size())));
+    }
+    Counts& c = it->second;
+    const int32_t hkv = shape().num_kv_heads;
+    const int64_t capacity = static_cast<int64_t>(out.size()) / hkv;
+    for (int32_t h = 0; h < hkv; ++h) {
+      BKV_ASSIGN_OR_RETURN(const absl::Span<const float> b,
+                           c.bias.Head(*manager_, *store_, id, layer, h, next - 1, [&](int32_t p) {
+                             return c.tokens[static_cast<size_t>(p)];
+                           }));
+      std::copy(b.begin(), b.end(), out.begin() + h * capacity);
+    }
+    return absl::OkStatus();
+  }
+
   // The policy of every row observes the step's queries of every (layer, kv_head): post-RoPE
   // as computed, pre-RoPE recovered by rotating back by the token's position.
   absl::Status ObserveStep(int32_t layer, absl::Span<const SequenceId> seq_ids,
@@ -601,6 +654,11 @@ class VllmKvCache {
     int32_t prefill_len = 0;  // its whole prefill (Reserve)
   };
   absl::flat_hash_map<SequenceId, Steps> steps_;  // [live sequences]
+  struct Counts {                                 // what the count bias needs of a live sequence
+    std::vector<int32_t> tokens;                  // the id at each position allocated so far
+    CountBias bias;
+  };
+  absl::flat_hash_map<SequenceId, Counts> counts_;  // [live sequences] when NeedsTokenIds()
   std::unique_ptr<CpuKvStore> store_;
   std::unique_ptr<BlockManager> manager_;
   // "paged": compress_many scores through the device pipeline's CPU twin (ScoredKeepSets).
@@ -627,8 +685,11 @@ void BindVllm(py::module_& m) {
       .def_property_readonly("block_size", [](const C& c) { return c.shape().block_size; })
       .def("blocks_needed", &C::BlocksNeeded, py::arg("seq_id"), py::arg("num_tokens"))
       .def("allocate", &C::Allocate, py::arg("seq_id"), py::arg("num_tokens"),
-           py::arg("prompt_len") = 0,
-           "Room for num_tokens more tokens in every head; False (nothing changed) if full.")
+           py::arg("prompt_len") = 0, py::arg("token_ids") = py::none(),
+           "Room for num_tokens more tokens in every head; False (nothing changed) if full. "
+           "token_ids (the new tokens' ids) is required when needs_token_ids.")
+      .def_property_readonly("needs_token_ids", &C::NeedsTokenIds,
+                             "Whether allocate needs the token ids (the count bias reads them).")
       .def("free", &C::Free, py::arg("seq_id"), "Frees a sequence (unknown ids are ignored).")
       .def("peak_blocks", &C::PeakBlocks, py::arg("prefill_len"), py::arg("max_total"),
            "Most blocks a sequence ever holds under the policy, or None when unbounded.")

@@ -139,9 +139,7 @@ absl::Status Engine::AddRequestLocked(Request request, const PolicyConfig& polic
                                                .policy = std::move(policy),
                                                .out = RequestOutput{},
                                                .evictions = {},
-                                               .id_counts = {},
-                                               .counted = 0,
-                                               .count_heads = {}});
+                                               .count_bias = {}});
   s->out.id = request.id;
   s->out.prompt_len = static_cast<int32_t>(prompt_len);
   waiting_.push_back(request.id);
@@ -302,60 +300,26 @@ absl::Status Engine::Admit(SeqState& s) {
   return absl::OkStatus();
 }
 
-void Engine::CountBias(SeqState& s, int32_t position, int64_t b,
-                       std::vector<std::vector<float>>* head_bias) {
+absl::Status Engine::AddCountBias(SeqState& s, int32_t position, int64_t b,
+                                  std::vector<std::vector<float>>* head_bias) {
   ScopedTimer t(&stats_.time_bookkeeping);
   const KvShape& shape = bm_->shape();
   const int64_t heads_total = shape.num_heads_total();
-  const int64_t rows = static_cast<int64_t>(running_.size());
-  if (head_bias->empty()) head_bias->resize(rows * heads_total);
+  if (head_bias->empty()) head_bias->resize(static_cast<int64_t>(running_.size()) * heads_total);
   const std::vector<int32_t>& prompt = s.request.prompt;
   auto token_at = [&](int32_t p) {
     return p < static_cast<int32_t>(prompt.size()) ? prompt[p] : s.out.output[p - prompt.size()];
   };
-  // Between compressions a step adds one token to every head, and only that token's id
-  // changes its N / K: its slots are updated in place. Anything else (the first step, a
-  // compression, a re-prefill) counts the head again.
-  const int32_t advanced = position + 1 - s.counted;
-  for (; s.counted <= position; ++s.counted) ++s.id_counts[token_at(s.counted)];
   const int32_t layers = std::min(CountBiasLayers(s.policy_config), shape.num_layers);
-  s.count_heads.resize(static_cast<size_t>(layers) * shape.num_kv_heads);
-  const SequenceId id = s.request.id;
   for (int32_t l = 0; l < layers; ++l) {
     for (int32_t g = 0; g < shape.num_kv_heads; ++g) {
-      const absl::Span<const BlockId> table = BKV_CHECK_VALUE(bm_->BlockTable(id, l, g));
-      const int32_t n = BKV_CHECK_VALUE(bm_->RetainedTokens(id, l, g));
-      auto position_of = [&](int32_t j) {
-        return store_->position({table[j / shape.block_size], j % shape.block_size});
-      };
-      SeqState::CountHead& c = s.count_heads[static_cast<size_t>(l) * shape.num_kv_heads + g];
-      auto term = [&](int32_t token) {
-        return std::log(static_cast<float>(s.id_counts[token]) / static_cast<float>(c.held[token]));
-      };
-      const bool grown_by_one = advanced == 1 && n >= 2 &&
-                                n == static_cast<int32_t>(c.ids.size()) + 1 &&
-                                position_of(0) == c.first && position_of(n - 2) == c.last;
-      if (grown_by_one) {
-        const int32_t token = token_at(position_of(n - 1));
-        c.ids.push_back(token);
-        ++c.held[token];
-        const float v = term(token);
-        c.bias.push_back(v);
-        for (int32_t j = 0; j + 1 < n; ++j) {
-          if (c.ids[j] == token) c.bias[j] = v;
-        }
-      } else {
-        c.ids.resize(n);
-        c.held.clear();
-        for (int32_t j = 0; j < n; ++j) ++c.held[c.ids[j] = token_at(position_of(j))];
-        c.bias.resize(n);
-        for (int32_t j = 0; j < n; ++j) c.bias[j] = term(c.ids[j]);
-      }
-      c.first = n > 0 ? position_of(0) : -1;
-      c.last = n > 0 ? position_of(n - 1) : -1;
-      (*head_bias)[b * heads_total + l * shape.num_kv_heads + g] = c.bias;
+      BKV_ASSIGN_OR_RETURN(
+          const absl::Span<const float> bias,
+          s.count_bias.Head(*bm_, *store_, s.request.id, l, g, position, token_at));
+      (*head_bias)[b * heads_total + l * shape.num_kv_heads + g].assign(bias.begin(), bias.end());
     }
   }
+  return absl::OkStatus();
 }
 
 bool Engine::Accept(SeqState& s, absl::Span<const float> logits) {
@@ -565,7 +529,7 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   std::vector<std::vector<float>> head_bias;
   for (int64_t b = 0; b < rows; ++b) {
     if (CountBiasLayers(states[b]->policy_config) > 0)
-      CountBias(*states[b], positions[b], b, &head_bias);
+      BKV_RETURN_IF_ERROR(AddCountBias(*states[b], positions[b], b, &head_bias));
   }
   QuerySink sink = [&](int32_t row, int32_t layer, int32_t kv_head, int32_t position,
                        const float* pre, const float* post) {

@@ -24,6 +24,7 @@
 #include "absl/types/span.h"
 #include "block_manager/block_manager.h"
 #include "core/policy.h"
+#include "engine/count_bias.h"
 #include "engine/engine_types.h"
 #include "engine/model_runner.h"
 #include "kernels/scorer.h"
@@ -81,18 +82,7 @@ class Engine {
     bool in_cache = false;                 // holds blocks (running or swapped)
     int32_t peak_blocks = -1;              // peak blocks (kReserve, bounded policy); -1: none
     std::vector<EvictionEvent> evictions;  // [tokens evicted] when request.record_evictions
-    absl::flat_hash_map<int32_t, int32_t> id_counts;  // token id -> positions [0, counted)
-    int32_t counted = 0;
-    // Per count-bias head ([layer * num_kv_heads + kv_head]), as of the last decode step: the
-    // held slots' ids and bias terms in logical order, tokens held per id, and the positions
-    // of the first and last slot, which tell whether the head has only grown by one since.
-    struct CountHead {
-      std::vector<int32_t> ids;
-      std::vector<float> bias;
-      absl::flat_hash_map<int32_t, int32_t> held;
-      int32_t first = -1, last = -1;
-    };
-    std::vector<CountHead> count_heads;
+    CountBias count_bias;                  // its count-bias terms (CountBiasLayers > 0)
   };
 
   Engine(const EngineConfig& config, ModelRunner runner, std::unique_ptr<CpuKvStore> store,
@@ -115,8 +105,8 @@ class Engine {
   absl::Status ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep, int32_t current);
   // The count bias of row b's heads in its count-bias layers (ModelRunner::Decode's
   // head_bias), position = the token being decoded.
-  void CountBias(SeqState& s, int32_t position, int64_t b,
-                 std::vector<std::vector<float>>* head_bias);
+  absl::Status AddCountBias(SeqState& s, int32_t position, int64_t b,
+                            std::vector<std::vector<float>>* head_bias);
   void Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t position, const float* pre,
                const float* post);
   // Appends to s.evictions the positions of `positions` (one head's, slot order) that

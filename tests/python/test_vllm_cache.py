@@ -418,3 +418,76 @@ def test_attention_refuses_rows_it_has_no_slots_for():
     cache.verify_integrity()
     cache.free(1)
     assert cache.num_used_blocks == 0
+
+
+def test_count_bias_attention_matches_a_reference_that_adds_log_n_over_k():
+    """count_bias inside the pool: each decode row of a coverage layer attends with log(N / K)
+    added to every held slot's logit (N: the sequence's tokens of that id so far, K: the head's),
+    worked out here from the head's slots; the other layers get no bias. Two sequences share
+    the steps, the second admitted later, so their counts and heads are kept apart."""
+    rng = np.random.default_rng(3)
+    cfg = beaconkv.policy_config("beacon", budget=8, interval=4, n_recent=2, n_sinks=1,
+                                 n_beacons=2, buffer_min=4, buffer_max=8, protect_prompt=False,
+                                 count_bias=True, coverage_layers=1)
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, 4, 300, policy=cfg, rope_theta=1e4, observe=True)
+    assert cache.needs_token_ids
+    assert not beaconkv.VllmKvCache(L, HKV, H, D, 4, 10, policy=_small_beacon()).needs_token_ids
+    prompt = 5
+    seqs = {4: 0, 9: 6}  # sequence -> the step it starts at
+    tokens = {s: [] for s in seqs}      # id at each position
+    kv = {s: [] for s in seqs}          # (k [L, HKV, D], v [L, HKV, D]) at each position
+    biased_rows = 0
+    for step in range(40):
+        rows = [(s, prompt if step == t0 else 1) for s, t0 in seqs.items() if step >= t0]
+        for s, n in rows:
+            new = rng.integers(0, 3, n).astype(np.int32)  # few ids: many repeats
+            assert cache.allocate(s, n, prompt, token_ids=new)
+            tokens[s] += new.tolist()
+        total = sum(n for _, n in rows)
+        q = rng.standard_normal((total, L, H, D)).astype(np.float32)
+        k = rng.standard_normal((total, L, HKV, D)).astype(np.float32)
+        v = rng.standard_normal((total, L, HKV, D)).astype(np.float32)
+        t0 = 0
+        for s, n in rows:
+            kv[s] += [(k[t0 + i], v[t0 + i]) for i in range(n)]
+            t0 += n
+        for layer in range(L):
+            out = np.zeros((total, H, D), np.float32)
+            cache.attention(layer, np.array([s for s, _ in rows], np.int32),
+                            np.array([n for _, n in rows], np.int32),
+                            np.ascontiguousarray(q[:, layer]), np.ascontiguousarray(k[:, layer]),
+                            np.ascontiguousarray(v[:, layer]), out, 0.35)
+            t0 = 0
+            for s, n in rows:
+                if n == 1:
+                    p = len(tokens[s]) - 1
+                    ids = np.array(tokens[s])
+                    for h in range(H):
+                        _, pos = cache.read_head(s, layer, h // (H // HKV))
+                        keys = np.stack([kv[s][x][0][layer, h // (H // HKV)] for x in pos])
+                        vals = np.stack([kv[s][x][1][layer, h // (H // HKV)] for x in pos])
+                        logit = keys @ q[t0, layer, h] * 0.35
+                        if layer == 0:
+                            held = ids[pos]
+                            n_seq = np.array([(ids[:p + 1] == t).sum() for t in held])
+                            n_head = np.array([(held == t).sum() for t in held])
+                            logit = logit + np.log(n_seq / n_head)
+                            biased_rows += bool((n_seq > n_head).any())
+                        w = np.exp(logit - logit.max())
+                        np.testing.assert_allclose(out[t0, h], (w / w.sum()) @ vals,
+                                                   rtol=2e-5, atol=2e-5)
+                t0 += n
+        for s, n in rows:
+            if n == 1:
+                cache.compress(s, len(tokens[s]) - 1)
+        cache.verify_integrity()
+    assert biased_rows > 50  # heads really were thinned unevenly across ids
+    before = cache.head_tokens(4)
+    with pytest.raises(ValueError, match="count bias needs the token ids"):
+        cache.allocate(4, 1, prompt)
+    with pytest.raises(ValueError, match="must hold the 2 new tokens' ids, got 1"):
+        cache.allocate(4, 2, prompt, token_ids=np.zeros(1, np.int32))
+    assert (cache.head_tokens(4) == before).all()  # the refusals allocated nothing
+    for s in seqs:
+        cache.free(s)
+    assert cache.num_used_blocks == 0

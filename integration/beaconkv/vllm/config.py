@@ -42,13 +42,7 @@ class VllmConfig:
         """The native policy config; ValueError naming the bad policy or knob."""
         import beaconkv
 
-        cfg = beaconkv.make_policy_config(self.policy, self.budget, knobs=self.knobs)
-        if getattr(cfg, "count_bias", False):
-            # The bias needs each held token's id in the attention; the pool's attention is
-            # given keys and values only.
-            raise ValueError(f"{ENV}: knob count_bias is not supported inside vLLM yet (the "
-                             "engine's attention applies it: beaconkv eval / generate)")
-        return cfg
+        return beaconkv.make_policy_config(self.policy, self.budget, knobs=self.knobs)
 
     def to_json(self) -> str:
         return json.dumps({"policy": self.policy, "budget": self.budget, "knobs": self.knobs,

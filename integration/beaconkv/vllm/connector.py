@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                KVConnectorMetadata,
                                                                KVConnectorRole,
@@ -44,7 +45,8 @@ def kv_transfer_config() -> dict:
 @dataclass
 class BeaconStepMeta(KVConnectorMetadata):
     setup: dict                                    # cfg json, geometry, pool blocks, rope theta
-    ops: list = field(default_factory=list)        # [("a", seq, n, prompt_len) | ("f", seq)]
+    # [("a", seq, n, prompt_len, ids of the n tokens or None) | ("f", seq)]
+    ops: list = field(default_factory=list)
 
 
 @dataclass
@@ -93,7 +95,8 @@ class BeaconKVConnector(KVConnectorBase_V1):
             _state.set_state(st)
         for op in connector_metadata.ops:
             if op[0] == "a":
-                if not st.allocate(op[1], op[2], op[3]):
+                ids = None if op[4] is None else np.asarray(op[4], np.int32)
+                if not st.allocate(op[1], op[2], op[3], ids):
                     raise RuntimeError(f"beaconkv.vllm: worker pool out of step with the "
                                        f"scheduler (no room for {op[2]} tokens of {op[1]})")
                 st.prompt_len[op[1]] = op[3]

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 
+import numpy as np
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 
 from . import config as _config
@@ -87,12 +88,21 @@ class _PooledCacheManager:
         if seq is None:
             seq = int(self._inner.get_block_ids(request.request_id)[0][0])
             self._seq_of[request.request_id] = seq
-        ok = self._st.allocate(seq, n, request.num_prompt_tokens)
+        ids = None
+        if self._st.needs_token_ids:  # the tokens this step computes (the count bias)
+            start = request.num_computed_tokens
+            ids = np.asarray(request.all_token_ids[start:start + n], np.int32)
+            if ids.size != n or (ids < 0).any():
+                raise RuntimeError(f"beaconkv.vllm: the ids of request {request.request_id}'s "
+                                   f"tokens {start}..{start + n - 1} are not known when it is "
+                                   "scheduled (async scheduling?); the count bias needs them")
+        ok = self._st.allocate(seq, n, request.num_prompt_tokens, ids)
         assert ok, "room was checked above"
         if admitted:
             self._st.reserve(seq, max_total, request.num_tokens)
         if self._ops is not None:
-            self._ops.append(("a", seq, n, request.num_prompt_tokens))
+            self._ops.append(("a", seq, n, request.num_prompt_tokens,
+                              None if ids is None else ids.tolist()))
         return blocks
 
     def _drop(self, request) -> None:

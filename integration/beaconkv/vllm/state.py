@@ -55,6 +55,8 @@ class BeaconState:
                                           self.head_dim, cfg.block_size, num_blocks,
                                           policy=self.policy_cfg, rope_theta=rope_theta,
                                           observe=self.observes, scorer=cfg.scorer)
+        # The count bias reads each held token's id: allocations then carry them.
+        self.needs_token_ids = self.cache.needs_token_ids
         self.stats = {"vllm_kv_bytes_released": 0, "peak_kv_blocks": 0, "tokens_evicted": 0,
                       "blocks_freed_by_eviction": 0, "compressions": 0, "max_running": 0, "running_sum": 0, "steps": 0,
                       "preemptions": 0, "pool_blocks": self.cache.num_usable_blocks,
@@ -82,8 +84,11 @@ class BeaconState:
     def reserve(self, seq_id: int, max_total: int, prefill_len: int) -> None:
         self.cache.reserve(seq_id, max_total, prefill_len)
 
-    def allocate(self, seq_id: int, num_tokens: int, prompt_len: int) -> bool:
-        if not self.cache.allocate(seq_id, num_tokens, prompt_len):
+    def allocate(self, seq_id: int, num_tokens: int, prompt_len: int,
+                 token_ids=None) -> bool:
+        """Room for `num_tokens` more tokens of `seq_id`; `token_ids` (their ids) only when
+        the pool asks for them (needs_token_ids: the count bias)."""
+        if not self.cache.allocate(seq_id, num_tokens, prompt_len, token_ids):
             return False
         self.stats["peak_kv_blocks"] = max(self.stats["peak_kv_blocks"],
                                            self.cache.num_used_blocks)

@@ -1,0 +1,62 @@
+#include "engine/count_bias.h"
+
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+
+namespace beaconkv {
+
+absl::StatusOr<absl::Span<const float>> CountBias::Head(const BlockManager& bm,
+                                                        const CpuKvStore& store, SequenceId id,
+                                                        int32_t layer, int32_t kv_head,
+                                                        int32_t position, TokenAt token_at) {
+  const KvShape& shape = bm.shape();
+  if (layer < 0 || layer >= shape.num_layers || kv_head < 0 || kv_head >= shape.num_kv_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("count bias: no head (%d, %d) in a cache of %d layers x %d kv heads", layer,
+                        kv_head, shape.num_layers, shape.num_kv_heads));
+  }
+  if (position < counted_ - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("count bias: sequence %d asked at position %d after counting through %d",
+                        id, position, counted_ - 1));
+  }
+  for (; counted_ <= position; ++counted_) ++counts_[token_at(counted_)];
+  BKV_ASSIGN_OR_RETURN(const absl::Span<const BlockId> table, bm.BlockTable(id, layer, kv_head));
+  BKV_ASSIGN_OR_RETURN(const int32_t n, bm.RetainedTokens(id, layer, kv_head));
+  auto position_of = [&](int32_t j) {
+    return store.position({table[j / shape.block_size], j % shape.block_size});
+  };
+  const size_t index = static_cast<size_t>(layer) * shape.num_kv_heads + kv_head;
+  if (heads_.size() <= index) heads_.resize(index + 1);
+  HeadState& c = heads_[index];
+  auto term = [&](int32_t token) {
+    return std::log(static_cast<float>(counts_[token]) / static_cast<float>(c.held[token]));
+  };
+  const bool grown_by_one = c.position == position - 1 && n >= 2 &&
+                            n == static_cast<int32_t>(c.ids.size()) + 1 &&
+                            position_of(0) == c.first && position_of(n - 2) == c.last;
+  if (grown_by_one) {
+    const int32_t token = token_at(position_of(n - 1));
+    c.ids.push_back(token);
+    ++c.held[token];
+    const float v = term(token);
+    c.bias.push_back(v);
+    for (int32_t j = 0; j + 1 < n; ++j) {
+      if (c.ids[j] == token) c.bias[j] = v;
+    }
+  } else {
+    c.ids.resize(n);
+    c.held.clear();
+    for (int32_t j = 0; j < n; ++j) ++c.held[c.ids[j] = token_at(position_of(j))];
+    c.bias.resize(n);
+    for (int32_t j = 0; j < n; ++j) c.bias[j] = term(c.ids[j]);
+  }
+  c.first = n > 0 ? position_of(0) : -1;
+  c.last = n > 0 ? position_of(n - 1) : -1;
+  c.position = position;
+  return absl::MakeConstSpan(c.bias);
+}
+
+}  // namespace beaconkv
