@@ -37,13 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=900)
     p.add_argument("--prompt", type=int, default=58, help="prompt tokens per sequence")
     p.add_argument("--block-tokens", type=int, default=16)
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                   help="a policy knob (repeatable), as beaconkv eval's")
     args = p.parse_args(argv)
     mc = Config.load(os.path.join(args.model, "config.json"))
     layers, kv_heads = mc.num_hidden_layers, mc.num_key_value_heads
     heads, head_dim = mc.num_attention_heads, mc.head_dim
     attn_threads = args.attention_threads or args.threads
     observe = args.policy != "full"
-    cfg = (beaconkv.make_policy_config(args.policy, args.budget, interval=args.interval)
+    cfg = (beaconkv.make_policy_config(args.policy, args.budget, interval=args.interval,
+                                       knobs=args.knob)
            if observe else "full")
     blocks_per_seq = layers * kv_heads * (-(-(args.prompt + args.steps) // args.block_tokens) + 1)
     cache = beaconkv.VllmKvCache(layers, kv_heads, heads, head_dim, args.block_tokens,
@@ -52,8 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     seqs = np.arange(1, args.rows + 1, dtype=np.int32)
     n = args.prompt
+    # Token ids when the policy asks for them (the count bias), a list as the scheduler hands
+    # them over; ids below 40, as the tiny reasoner's vocabulary.
+    needs_ids = cache.needs_token_ids
+    step_ids = [[int(t)] for t in rng.integers(0, 40, 64)] if needs_ids else [None] * 64
     for s in seqs.tolist():
-        if not cache.allocate(s, n, n):
+        if not cache.allocate(s, n, n, rng.integers(0, 40, n).tolist() if needs_ids else None):
             raise RuntimeError("pool too small for the prompts")
         for layer in range(layers):
             k = rng.standard_normal((n, kv_heads, head_dim), dtype=np.float32)
@@ -69,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):
         t0 = time.perf_counter()
         for s in seqs.tolist():
-            if not cache.allocate(s, 1, n):
+            if not cache.allocate(s, 1, n, step_ids[(step + s) % 64]):
                 raise RuntimeError(f"step {step}: no room for sequence {s}")
         t1 = time.perf_counter()
         for layer in range(layers):
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     per_step = {k: round(v / (args.steps - warm) * 1e3, 3) for k, v in totals.items()}
     per_step["total"] = round(sum(per_step.values()), 3)
     print(json.dumps({"rows": args.rows, "policy": args.policy, "budget": args.budget,
-                      "interval": args.interval, "threads": args.threads,
+                      "interval": args.interval, "knobs": args.knob, "threads": args.threads,
                       "attention_threads": attn_threads, "ms_per_step": per_step}))
     return 0
 

@@ -379,6 +379,11 @@ An unknown policy or knob, a bad value, or budgets that disagree raise ValueErro
       py::arg("policy"),
       "Tokens a configuration keeps per head (rpc: period / ratio), or None for full.");
   m.def(
+      "count_bias_layers", [](py::handle policy) { return CountBiasLayers(ToConfig(policy)); },
+      py::arg("policy"),
+      "The layers [0, n) whose attention adds the count bias (beacon count_bias); 0 for "
+      "every other policy.");
+  m.def(
       "policy_config",
       [](const std::string& name, const py::kwargs& kwargs) {
         return FromConfig(Unwrap(BuildPolicyConfig({name, {}, {}, KnobList(kwargs)})));

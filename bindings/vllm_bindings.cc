@@ -134,17 +134,14 @@ class VllmKvCache {
   // Room for `n` new tokens of `id` in every head; false (and nothing changed) when the pool
   // cannot hold them. `token_ids` (None, or the n new tokens' ids) is required when
   // NeedsTokenIds().
-  bool Allocate(SequenceId id, int32_t n, int32_t prompt_len, const py::object& token_ids) {
+  bool Allocate(SequenceId id, int32_t n, int32_t prompt_len,
+                const std::optional<std::vector<int32_t>>& token_ids) {
     if (n < 0) throw py::value_error(absl::StrFormat("negative token count %d", n));
-    std::vector<int32_t> new_ids;
-    if (!token_ids.is_none()) {
-      const auto a = py::cast<IntArray>(token_ids);
-      if (a.ndim() != 1 || a.size() != n) {
-        throw py::value_error(absl::StrFormat(
-            "allocate: token_ids must hold the %d new tokens' ids, got %d", n, a.size()));
-      }
-      new_ids.assign(a.data(), a.data() + n);
-    } else if (NeedsTokenIds() && n > 0) {
+    if (token_ids.has_value() && static_cast<int32_t>(token_ids->size()) != n) {
+      throw py::value_error(absl::StrFormat(
+          "allocate: token_ids must hold the %d new tokens' ids, got %d", n, token_ids->size()));
+    }
+    if (!token_ids.has_value() && NeedsTokenIds() && n > 0) {
       throw py::value_error(absl::StrFormat(
           "allocate: sequence %d: the count bias needs the token ids of its new tokens", id));
     }
@@ -162,7 +159,7 @@ class VllmKvCache {
       }
       if (NeedsTokenIds()) {
         std::vector<int32_t>& ids = counts_[id].tokens;
-        ids.insert(ids.end(), new_ids.begin(), new_ids.end());
+        ids.insert(ids.end(), token_ids->begin(), token_ids->end());
       }
       return true;
     });

@@ -28,7 +28,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from layer_eviction_probe import NEVER, count_wrong, report, visibility_bias  # noqa: E402
+from layer_eviction_probe import NEVER, count_wrong, engine_bias, report  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -84,14 +84,17 @@ def replay_ranked(attention: np.ndarray, score, group: int, start: int, cfg) -> 
         for i in range(layers)])
 
 
-def wrong_tokens(model, ids: list[int], prompt_len: int, evicted_at: np.ndarray) -> int:
-    """evicted_at [layers, kv_heads, T] -> teacher-forced argmax mismatches over the target."""
-    bias = [visibility_bias(evicted_at[i]) for i in range(evicted_at.shape[0])]
+def wrong_tokens(model, ids: list[int], prompt_len: int, evicted_at: np.ndarray,
+                 counted: int = 0) -> int:
+    """evicted_at [layers, kv_heads, T] -> teacher-forced argmax mismatches over the target,
+    the first `counted` layers attending with the count bias as the engine does."""
+    bias = [engine_bias(evicted_at[i], ids, i < counted) for i in range(evicted_at.shape[0])]
     return count_wrong(model.forward(ids, bias), ids, prompt_len)
 
 
 def run(model_dir: str, split: str, num: int | None, budget: int, interval: int,
         knobs: dict | None = None, per_layer: bool = False) -> dict:
+    import beaconkv
     from beaconkv.evaluate import load_problems
     from beaconkv.reference import Model
     from beaconkv.replay import policy_configs, replay_engine
@@ -105,6 +108,7 @@ def run(model_dir: str, split: str, num: int | None, budget: int, interval: int,
     if cfg.protect_prompt or cfg.budget_mode != "uniform":
         raise ValueError("future oracle: only uniform budgets with n_sinks protection "
                          "(protect_prompt=0, budget_mode=uniform)")
+    counted = beaconkv.count_bias_layers(cfg)  # layers whose attention the engine biases
     engine = replay_engine(model_dir)
     names = ["full cache", "beacon", "future oracle", "hindsight"]
     if per_layer:
@@ -126,7 +130,8 @@ def run(model_dir: str, split: str, num: int | None, budget: int, interval: int,
                 mixed[i] = oracle[i]
                 variants.append((f"oracle in layer {i} only", mixed))
         results = [("full cache", count_wrong(logits, ids, len(prompt)))]
-        results += [(name, wrong_tokens(model, ids, len(prompt), ev)) for name, ev in variants]
+        results += [(name, wrong_tokens(model, ids, len(prompt), ev, counted))
+                    for name, ev in variants]
         for name, wrong in results:
             counts[name]["problems"] += wrong > 0
             counts[name]["tokens"] += wrong

@@ -46,6 +46,30 @@ def visibility_bias(evicted_at: np.ndarray, log_gap: bool = False) -> np.ndarray
     return bias
 
 
+def count_bias(bias: np.ndarray, ids) -> np.ndarray:
+    """A visibility bias [kv_heads, T, T] (visibility_bias, no log gap) plus the count bias of
+    the engine's attention (beacon `count_bias`, docs/policies.md): log(N / K) on each visible
+    position p of query t, N the positions <= t holding p's token id and K the visible ones."""
+    out = bias.copy()
+    ids = np.asarray(ids)
+    vocab = int(ids.max()) + 1
+    for h in range(out.shape[0]):
+        for t in range(out.shape[1]):
+            seen = np.nonzero(np.isfinite(out[h, t]))[0]
+            n = np.bincount(ids[:t + 1], minlength=vocab)
+            k = np.bincount(ids[seen], minlength=vocab)
+            out[h, t, seen] = np.log(n[ids[seen]] / k[ids[seen]])
+    return out
+
+
+def engine_bias(evicted_at: np.ndarray, ids, counted: bool, log_gap: bool = False) -> np.ndarray:
+    """The additive attention bias of one layer as the engine attends: visibility_bias, plus the
+    count bias when the layer is one of the policy's count-bias layers (`counted`:
+    layer < beaconkv.count_bias_layers(cfg)) and no log gap is asked for."""
+    bias = visibility_bias(evicted_at, log_gap)
+    return count_bias(bias, ids) if counted and not log_gap else bias
+
+
 NEVER = 1 << 30  # evicted_at of a position the engine kept to the end
 
 
@@ -82,10 +106,13 @@ def run(model_dir: str, split: str, num: int | None, policy: str, budget: int | 
     from beaconkv.reference import Model
     from beaconkv.replay import policy_configs, replay_engine
 
+    import beaconkv
+
     model = Model(model_dir)
     tok = model.tokenizer
     n_layers = model.config.num_hidden_layers
     cfg = policy_configs([policy], budget, interval, knobs)[policy]
+    counted = beaconkv.count_bias_layers(cfg)  # layers whose attention the engine biases
     engine = replay_engine(model_dir)
     if oracle_layer is not None and not 0 <= oracle_layer < n_layers:
         raise ValueError(f"--oracle: layer {oracle_layer} is not in 0..{n_layers - 1}")
@@ -113,7 +140,7 @@ def run(model_dir: str, split: str, num: int | None, policy: str, budget: int | 
                 continue  # a target without a plan
             seen = [keep_visible(evicted_at[i], regions[region]) if region else evicted_at[i]
                     for i in range(n_layers)]
-            bias = [visibility_bias(seen[i], i in biased) if i in masked else None
+            bias = [engine_bias(seen[i], ids, i < counted, i in biased) if i in masked else None
                     for i in range(n_layers)]
             wrong = count_wrong(model.forward(ids, bias), ids, len(prompt))
             problems[name] += wrong > 0

@@ -147,7 +147,9 @@ TEST(PolicyRegistryTest, BuildRefusesWhatItCannotUse) {
 
 TEST(PolicyRegistryTest, CountBiasGoesToTheCoverageLayersOfBeaconOnly) {
   BeaconConfig b;
-  EXPECT_EQ(CountBiasLayers(b), 0);  // off by default
+  EXPECT_EQ(CountBiasLayers(b), 1);  // on by default, layer 0 the one coverage layer
+  b.count_bias = false;
+  EXPECT_EQ(CountBiasLayers(b), 0);
   b.count_bias = true;
   EXPECT_EQ(CountBiasLayers(b), 1);
   b.coverage_layers = 2;
@@ -156,7 +158,7 @@ TEST(PolicyRegistryTest, CountBiasGoesToTheCoverageLayersOfBeaconOnly) {
   EXPECT_EQ(CountBiasLayers(b), 0);
   EXPECT_EQ(CountBiasLayers(SnapKvConfig{}), 0);
   EXPECT_EQ(CountBiasLayers(FullConfig{}), 0);
-  EXPECT_TRUE(std::get<BeaconConfig>(Build({"beacon:count_bias=true", 64, {}, {}})).count_bias);
+  EXPECT_FALSE(std::get<BeaconConfig>(Build({"beacon:count_bias=false", 64, {}, {}})).count_bias);
 }
 
 }  // namespace

@@ -16,32 +16,22 @@ from beaconkv.evaluate import load_problems
 MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny-reasoner")
 
 
-def _visibility_bias():
-    """tools/layer_eviction_probe.py's visibility_bias (tested in test_study_tools.py): 0 where
-    query t sees position p (p <= t, not evicted before step t), -inf elsewhere."""
+def _probe():
+    """tools/layer_eviction_probe.py (visibility_bias is tested in test_study_tools.py)."""
     path = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "layer_eviction_probe.py")
     spec = importlib.util.spec_from_file_location("layer_eviction_probe", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.visibility_bias
+    return mod
 
 
-visible = _visibility_bias()
+probe = _probe()
+visible = probe.visibility_bias
 
 
 def count_bias(evicted_at: np.ndarray, ids: list[int]) -> np.ndarray:
-    """visible() plus log(N / K) on each visible position p of query t, with N the positions
-    <= t holding p's token id and K the visible ones."""
-    out = visible(evicted_at)
-    ids = np.asarray(ids)
-    vocab = int(ids.max()) + 1
-    for h in range(out.shape[0]):
-        for t in range(out.shape[1]):
-            seen = np.nonzero(np.isfinite(out[h, t]))[0]
-            n = np.bincount(ids[:t + 1], minlength=vocab)
-            k = np.bincount(ids[seen], minlength=vocab)
-            out[h, t, seen] = np.log(n[ids[seen]] / k[ids[seen]])
-    return out
+    """The probes' model of the engine's biased layer (layer_eviction_probe.engine_bias)."""
+    return probe.engine_bias(evicted_at, ids, counted=True)
 
 
 def forced_logits(cfg, prompt: list[int], forced: list[int]) -> np.ndarray:
@@ -84,16 +74,23 @@ def test_without_evictions_the_count_bias_is_zero(problem):
     _, prompt, ids = problem
     forced = ids[len(prompt):]
     # A budget above the sequence's length: every id keeps all of its tokens, log(N / N) = 0.
-    on = beaconkv.make_policy_config("beacon", 512, knobs={"count_bias": True})
-    off = beaconkv.make_policy_config("beacon", 512)
+    on = beaconkv.make_policy_config("beacon", 512)
+    off = beaconkv.make_policy_config("beacon", 512, knobs={"count_bias": False})
     np.testing.assert_array_equal(forced_logits(on, prompt, forced),
                                   forced_logits(off, prompt, forced))
 
 
 def test_count_bias_is_a_registry_knob():
     spec = {k.name: k for k in beaconkv.policy_spec("beacon").knobs}
-    assert spec["count_bias"].default is False
-    assert beaconkv.make_policy_config("beacon", 64, knobs={"count_bias": True}).count_bias
+    assert spec["count_bias"].default is True
+    assert not beaconkv.make_policy_config("beacon", 64, knobs={"count_bias": False}).count_bias
+    # Python asks the core which layers attend with the bias (the probes' model of them).
+    assert beaconkv.count_bias_layers(beaconkv.make_policy_config("beacon", 64)) == 1
+    assert beaconkv.count_bias_layers(beaconkv.make_policy_config(
+        "beacon", 64, knobs={"coverage_layers": 2})) == 2
+    assert beaconkv.count_bias_layers(beaconkv.make_policy_config(
+        "beacon", 64, knobs={"count_bias": False})) == 0
+    assert beaconkv.count_bias_layers(beaconkv.make_policy_config("snapkv", 64)) == 0
     with pytest.raises(ValueError, match="count_bias"):
         beaconkv.make_policy_config("beacon", 64, knobs={"count_bias": "sometimes"})
 

@@ -298,14 +298,18 @@ def test_one_layer_replay_reproduces_the_engine_logits(tmp_path, short_problem, 
     c, w = model.config, model.w
     t_len, hd, group = len(tr.ids), c.head_dim, c.num_attention_heads // c.num_key_value_heads
     pos = np.arange(t_len)
-    keep = (np.repeat(evicted_at[0], group, 0)[:, None, :] >= pos[None, :, None]) & (
-        pos[None, None, :] <= pos[None, :, None])  # [H, T, T]
+    # 0 where a head still sees a position, -inf elsewhere, plus the count bias where the
+    # engine's attention adds it (beacon's coverage layer: log(N / K) per visible position).
+    counted = beaconkv.count_bias_layers(cfg) > 0
+    assert counted == spec.startswith("beacon")
+    bias = np.repeat(load_tool("layer_eviction_probe").engine_bias(evicted_at[0], tr.ids, counted),
+                     group, 0)  # [H, T, T]
     x = w["model.embed_tokens.weight"][tr.ids]
     h = model_norm(x, w["model.layers.0.input_layernorm.weight"], c.rms_norm_eps)
     v = (h @ w["model.layers.0.self_attn.v_proj.weight"].T).reshape(t_len, -1, hd)
     q = rope(tr.queries[0], pos, c.rope_theta)  # [H, T, hd]
     k = np.repeat(tr.keys[0], group, 0)
-    probs = softmax(np.where(keep, q @ k.transpose(0, 2, 1) / np.sqrt(hd), -np.inf))
+    probs = softmax(q @ k.transpose(0, 2, 1) / np.sqrt(hd) + bias)
     attn = (probs @ np.repeat(v.transpose(1, 0, 2), group, 0)).transpose(1, 0, 2)
     x = x + attn.reshape(t_len, -1) @ w["model.layers.0.self_attn.o_proj.weight"].T
     h = model_norm(x, w["model.layers.0.post_attention_layernorm.weight"], c.rms_norm_eps)

@@ -89,7 +89,7 @@ def test_beacon_compression_frees_blocks_and_keeps_the_pool_intact():
     budget, interval = 8, 4
     cfg = beaconkv.policy_config("beacon", budget=budget, interval=interval, n_recent=2,
                                  n_sinks=1, n_beacons=2, buffer_min=4, buffer_max=8,
-                                 protect_prompt=False)
+                                 protect_prompt=False, count_bias=False)
     cache = beaconkv.VllmKvCache(L, HKV, H, D, 4, 200, policy=cfg, rope_theta=1e4, observe=True)
     assert cache.allocate(1, 4, 4)
     seq = np.array([1], np.int32)
@@ -119,8 +119,11 @@ def test_beacon_compression_frees_blocks_and_keeps_the_pool_intact():
 
 
 def _small_beacon(budget=8, interval=4):
+    """A small beacon whose pool needs no token ids (the count bias, tested on its own below,
+    changes the attention, not what these tests count)."""
     return beaconkv.policy_config("beacon", budget=budget, interval=interval, n_recent=2,
-                                  n_sinks=1, n_beacons=2, buffer_min=4, buffer_max=8)
+                                  n_sinks=1, n_beacons=2, buffer_min=4, buffer_max=8,
+                                  count_bias=False)
 
 
 def _forward(cache, rng, rows, total):
@@ -157,7 +160,7 @@ def test_peak_blocks_bound_what_a_head_holds():
     assert full.block_demand() == []                      # nothing to follow without a trigger
     pooled = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200, policy=beaconkv.policy_config(
         "beacon", budget=budget, interval=interval, n_recent=2, n_sinks=1, n_beacons=2,
-        buffer_min=4, buffer_max=8, budget_mode="pooled"), rope_theta=1e4)
+        buffer_min=4, buffer_max=8, budget_mode="pooled", count_bias=False), rope_theta=1e4)
     assert pooled.peak_blocks(3, 1000) is None
     with pytest.raises(ValueError, match="unknown sequence 5"):
         cache.reserve(5, 10)
@@ -253,7 +256,7 @@ def test_compress_many_decides_as_compress_one_by_one(scorer):
     call to the GPU pipeline's CPU twin) keeps what compress keeps one sequence at a time."""
     rng = np.random.default_rng(21)
     cfg = beaconkv.policy_config("beacon", budget=8, interval=4, n_recent=2, n_sinks=1,
-                                 n_beacons=2, buffer_min=4, buffer_max=8)
+                                 n_beacons=2, buffer_min=4, buffer_max=8, count_bias=False)
     caches = [beaconkv.VllmKvCache(L, HKV, H, D, 4, 400, policy=cfg, rope_theta=1e4,
                                    observe=True, scorer=s) for s in ("host", scorer)]
     ids, prompts = [4, 9, 2, 30], [3, 7, 1, 12]
@@ -326,8 +329,10 @@ def test_a_second_thread_cannot_corrupt_or_crash_the_pool():
     lock = threading.Lock()  # guards the test's own `live` set, not the cache
     live = set()
 
+    # The default beacon attends with the count bias, so allocations carry token ids and the
+    # per-sequence counts are one more thing the lock guards.
     def admit(s):
-        assert cache.allocate(s, prompt, prompt)
+        assert cache.allocate(s, prompt, prompt, token_ids=np.arange(prompt, dtype=np.int32) % 5)
         rng = np.random.default_rng(s)
         for layer in range(L):
             q = rng.standard_normal((prompt, H, D), dtype=np.float32)
@@ -352,7 +357,7 @@ def test_a_second_thread_cannot_corrupt_or_crash_the_pool():
                 rows = sorted(live)
             try:
                 for s in rows:
-                    cache.allocate(s, 1, prompt)
+                    cache.allocate(s, 1, prompt, token_ids=np.array([step % 5], np.int32))
                 seq = np.array(rows, np.int32)
                 ones = np.ones(len(rows), np.int32)
                 q = rng.standard_normal((len(rows), H, D), dtype=np.float32)
@@ -432,6 +437,7 @@ def test_count_bias_attention_matches_a_reference_that_adds_log_n_over_k():
     cache = beaconkv.VllmKvCache(L, HKV, H, D, 4, 300, policy=cfg, rope_theta=1e4, observe=True)
     assert cache.needs_token_ids
     assert not beaconkv.VllmKvCache(L, HKV, H, D, 4, 10, policy=_small_beacon()).needs_token_ids
+    assert not beaconkv.VllmKvCache(L, HKV, H, D, 4, 10).needs_token_ids  # full
     prompt = 5
     seqs = {4: 0, 9: 6}  # sequence -> the step it starts at
     tokens = {s: [] for s in seqs}      # id at each position

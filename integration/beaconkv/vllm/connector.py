@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                KVConnectorMetadata,
                                                                KVConnectorRole,
@@ -95,8 +94,7 @@ class BeaconKVConnector(KVConnectorBase_V1):
             _state.set_state(st)
         for op in connector_metadata.ops:
             if op[0] == "a":
-                ids = None if op[4] is None else np.asarray(op[4], np.int32)
-                if not st.allocate(op[1], op[2], op[3], ids):
+                if not st.allocate(op[1], op[2], op[3], op[4]):
                     raise RuntimeError(f"beaconkv.vllm: worker pool out of step with the "
                                        f"scheduler (no room for {op[2]} tokens of {op[1]})")
                 st.prompt_len[op[1]] = op[3]

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 
-import numpy as np
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 
 from . import config as _config
@@ -91,8 +90,8 @@ class _PooledCacheManager:
         ids = None
         if self._st.needs_token_ids:  # the tokens this step computes (the count bias)
             start = request.num_computed_tokens
-            ids = np.asarray(request.all_token_ids[start:start + n], np.int32)
-            if ids.size != n or (ids < 0).any():
+            ids = list(request.all_token_ids[start:start + n])
+            if len(ids) != n or min(ids, default=0) < 0:
                 raise RuntimeError(f"beaconkv.vllm: the ids of request {request.request_id}'s "
                                    f"tokens {start}..{start + n - 1} are not known when it is "
                                    "scheduled (async scheduling?); the count bias needs them")
@@ -101,8 +100,7 @@ class _PooledCacheManager:
         if admitted:
             self._st.reserve(seq, max_total, request.num_tokens)
         if self._ops is not None:
-            self._ops.append(("a", seq, n, request.num_prompt_tokens,
-                              None if ids is None else ids.tolist()))
+            self._ops.append(("a", seq, n, request.num_prompt_tokens, ids))
         return blocks
 
     def _drop(self, request) -> None:
