@@ -57,7 +57,10 @@ class BeaconState final : public PolicyState {
                              ScoreHead(geometry_.HeadIndex(layer, h), ordered, current_position,
                                        scores.data());
                              if (Penalised(layer)) Penalise(ordered, scores);
-                             if (!IsCoverage(layer)) return;
+                             if (!IsCoverage(layer)) {
+                               ReservePrompt(ordered, protect, scores);
+                               return;
+                             }
                              // The evenly spaced sample is kept first (scores are probabilities <=
                              // 1, so +2 puts it above every other token); the slots its empty
                              // strata leave go by score.
@@ -71,6 +74,10 @@ class BeaconState final : public PolicyState {
     if (config_.budget_mode != BudgetMode::kUniform) {
       return absl::UnimplementedError(
           "policy beacon: pooled budgets select across the heads of a layer; run Compress");
+    }
+    if (config_.prompt_slots > 0 && !IsCoverage(layer)) {
+      return absl::UnimplementedError(
+          "policy beacon: prompt_slots ranks the prompt's tokens by their scores; run Compress");
     }
     ScoringPlan shape;
     shape.group_size = 1;
@@ -143,6 +150,27 @@ class BeaconState final : public PolicyState {
       scores[i] = lambda * scores[i] - (1.0f - lambda) * redundancy_[i];
   }
 
+  // Lifts the head's `prompt_slots` best-scored unprotected prompt tokens above every other
+  // token (ties to the newer, as in the selection), so that the selection keeps them first.
+  void ReservePrompt(const OrderedHead& ordered, absl::Span<const uint8_t> protect,
+                     absl::Span<float> scores) {
+    if (config_.prompt_slots <= 0 || scores.empty()) return;
+    const int32_t prompt = CountPrompt(ordered, prompt_len_);
+    prompt_tokens_.clear();
+    for (int32_t i = 0; i < prompt; ++i) {
+      if (!protect[i]) prompt_tokens_.push_back(i);
+    }
+    const auto m = std::min<ptrdiff_t>(config_.prompt_slots, std::ssize(prompt_tokens_));
+    if (m == 0) return;
+    std::partial_sort(prompt_tokens_.begin(), prompt_tokens_.begin() + m, prompt_tokens_.end(),
+                      [&](int32_t a, int32_t b) {
+                        return scores[a] > scores[b] || (scores[a] == scores[b] && a > b);
+                      });
+    const auto [lo, hi] = std::minmax_element(scores.begin(), scores.end());
+    const float lift = 1.0f + (*hi - *lo);
+    for (ptrdiff_t r = 0; r < m; ++r) scores[prompt_tokens_[r]] += lift;
+  }
+
   // Prompt (when it fits beside the recent window) or else the first n_sinks tokens, plus
   // the newest n_recent tokens.
   std::vector<uint8_t> ProtectMask(const OrderedHead& ordered) const {
@@ -201,11 +229,12 @@ class BeaconState final : public PolicyState {
 
   BeaconConfig config_;
   Rope rope_;
-  std::vector<QueryRing> rings_;   // [num_heads_total], newest n_recent post-RoPE steps
-  std::vector<BeaconBank> banks_;  // [num_heads_total], pre-RoPE query buffers
-  std::vector<float> beacons_;     // [n_beacons, head_dim] scratch
-  std::vector<float> queries_;     // [rows, head_dim] scratch
-  std::vector<float> redundancy_;  // [num_tokens] scratch
+  std::vector<QueryRing> rings_;        // [num_heads_total], newest n_recent post-RoPE steps
+  std::vector<BeaconBank> banks_;       // [num_heads_total], pre-RoPE query buffers
+  std::vector<float> beacons_;          // [n_beacons, head_dim] scratch
+  std::vector<float> queries_;          // [rows, head_dim] scratch
+  std::vector<float> redundancy_;       // [num_tokens] scratch
+  std::vector<int32_t> prompt_tokens_;  // ReservePrompt scratch
   ScoreScratch scratch_;
 };
 

@@ -206,7 +206,10 @@ std::vector<PolicyEntry> MakeRegistry() {
                  "cosine above which two keys are near-duplicates (redundancy > 0)"),
        BoolKnob("count_bias", &B::count_bias,
                 "coverage layers' attention adds log(tokens of an id so far / those held) to "
-                "each held token's logit")}));
+                "each held token's logit"),
+       IntKnob("prompt_slots", &B::prompt_slots, 0,
+               "prompt tokens each head outside the coverage layers keeps by score ahead of "
+               "the rest; 0 = off")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }

@@ -128,6 +128,11 @@ struct BeaconConfig {
   // measured, both tasks, for 1-1.5 % of decode). Why: docs/results/accuracy.md, "The count
   // bias".
   bool count_bias = true;
+  // > 0: outside the coverage layers each head keeps, besides its protected tokens, the
+  // `prompt_slots` prompt tokens it scores best (after the redundancy term), ahead of every
+  // other scored token. Uniform budgets only. 0 = off. Why: docs/results/accuracy.md,
+  // "Prompt slots".
+  int32_t prompt_slots = 0;
 };
 
 using PolicyConfig = std::variant<FullConfig, StreamingConfig, H2OConfig, TovaConfig, SnapKvConfig,

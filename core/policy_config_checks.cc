@@ -85,6 +85,17 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
                              "redundancy subtracted can be negative, which pooled budgets "
                              "cannot normalise)");
             }
+            if (c.prompt_slots > 0 && c.budget_mode != BudgetMode::kUniform) {
+              return Invalid("beacon",
+                             "prompt_slots > 0 needs budget_mode=uniform (the slots are taken "
+                             "per head, before a pooled layer shares its budget)");
+            }
+            if (c.budget < c.n_recent + c.n_sinks + c.prompt_slots) {
+              return Invalid("beacon",
+                             absl::StrFormat("budget (%d) is smaller than n_recent + n_sinks + "
+                                             "prompt_slots = %d",
+                                             c.budget, c.n_recent + c.n_sinks + c.prompt_slots));
+            }
             return CheckKernel("beacon", c.pool_kernel);
           },
       },

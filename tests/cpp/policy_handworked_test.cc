@@ -298,6 +298,32 @@ TEST(PolicyHandWorked, BeaconUnprotectedPromptKeepsSinks) {
   ExpectKept(cfg, c, {0, 1, 2, 8, 9});
 }
 
+// Prompt slots: prompt {0..3} unprotected, recent {8, 9}, 3 free slots. By score alone the
+// head keeps 3 and 5 (the beacons' reads) and then 7 (zero scores tie to the newest). With two
+// prompt slots the best-scored prompt tokens, 3 and then 2 (the newest of the tied zeros), go
+// first, and 5 keeps the last slot: 7 gives way to 2. A coverage layer ignores the knob.
+TEST(PolicyHandWorked, BeaconPromptSlotsKeepTheBestPromptTokens) {
+  BeaconConfig cfg = SmallBeacon(5);
+  cfg.interval = 1;
+  HeadCase c = BeaconCase();
+  c.prompt_len = 4;
+  ExpectKept(cfg, c, {3, 5, 7, 8, 9});
+  cfg.prompt_slots = 1;  // 3 is already the head's best token
+  ExpectKept(cfg, c, {3, 5, 7, 8, 9});
+  cfg.prompt_slots = 2;
+  ExpectKept(cfg, c, {2, 3, 5, 8, 9});
+  cfg.prompt_slots = 3;  // the whole free budget goes to the prompt
+  ExpectKept(cfg, c, {1, 2, 3, 8, 9});
+  BeaconConfig coverage = cfg;
+  coverage.coverage_layers = 1;
+  cfg.prompt_slots = 0;
+  cfg.coverage_layers = 1;
+  absl::StatusOr<Positions> with = KeptPositions(coverage, c, 0);
+  absl::StatusOr<Positions> without = KeptPositions(cfg, c, 0);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_EQ(*with, *without);
+}
+
 TEST(PolicyHandWorked, BeaconPooledBudgetFavoursTheFlatHead) {
   // Two kv heads, budget 3 each (layer: 6), n_recent 1, no beacons, prompt 0.
   // Head 0's last query points at k1 only (peaked); head 1's is zero (flat: every key 1/6).

@@ -293,6 +293,20 @@ TEST(PolicyConfigTest, NamesAndInvalidConfigurations) {
   EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(ValidatePolicyConfig(b).message().find("redundancy"), std::string::npos);
   b = BeaconConfig{};
+  b.prompt_slots = 4;
+  EXPECT_TRUE(ValidatePolicyConfig(b).ok());
+  b.budget_mode = BudgetMode::kPooled;  // slots are per head
+  EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ValidatePolicyConfig(b).message().find("prompt_slots"), std::string::npos);
+  b = BeaconConfig{};
+  b.budget = b.n_recent + b.n_sinks + 3;
+  b.prompt_slots = 4;  // more than the free slots
+  EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ValidatePolicyConfig(b).message().find("prompt_slots"), std::string::npos);
+  b.prompt_slots = -1;  // outside the registry range
+  EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ValidatePolicyConfig(b).message().find("prompt_slots"), std::string::npos);
+  b = BeaconConfig{};
   b.redundancy = -0.5;  // outside the registry range
   EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(ValidatePolicyConfig(b).message().find("redundancy"), std::string::npos);

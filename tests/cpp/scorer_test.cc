@@ -308,6 +308,26 @@ TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   }
 }
 
+// prompt_slots ranks the prompt by the scores, which a plan leaves to the scorer: the layers
+// it acts in go through Compress; the coverage layers (where it does not act) still plan.
+TEST(PlanScoringTest, BeaconPromptSlotsPlanOnlyTheCoverageLayers) {
+  Geometry g;
+  g.layers = 2;
+  BeaconConfig c = Beacon(48, 16, 1, 1, false);
+  c.prompt_slots = 4;
+  auto state = NewPolicyState(c, ToPolicyGeometry(g), 1);
+  ASSERT_TRUE(state.ok()) << state.status();
+  std::vector<float> keys(static_cast<size_t>(3) * g.head_dim, 0.5f);
+  const std::vector<int32_t> positions = {0, 1, 2};
+  std::vector<HeadKeys> heads(g.kv_heads, HeadKeys{keys.data(), positions.data(), 3});
+  std::vector<int32_t> due(g.kv_heads);
+  for (int32_t h = 0; h < g.kv_heads; ++h) due[h] = h;
+  EXPECT_TRUE((*state)->PlanScoring(0, heads, due, 2).ok());
+  auto plan = (*state)->PlanScoring(1, heads, due, 2);
+  EXPECT_TRUE(absl::IsUnimplemented(plan.status())) << plan.status();
+  EXPECT_NE(plan.status().message().find("prompt_slots"), std::string::npos);
+}
+
 TEST(PlanScoringTest, BadArgumentsAreErrors) {
   Geometry g;
   auto state = NewPolicyState(Beacon(48, 16, 1, 1, false), ToPolicyGeometry(g), 1);

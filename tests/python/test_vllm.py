@@ -141,26 +141,46 @@ def test_beacon_with_the_paged_scorer_matches_our_engine(tmp_path, engine_refs):
     check_against_engine(ours, engine_refs, "beacon@158, scorer=paged")
 
 
-def test_beacon_with_redundancy_matches_our_engine(tmp_path, tok):
-    """The redundancy knob inside vLLM, scored by the paged scorer (whose plans then carry the
-    redundancy term), against our engine with the same knob."""
+def paged_beacon_with_knobs(tmp_path, tok, name: str, budget: int, knobs: dict):
+    """vLLM with beacon at `budget` and `knobs`, scored by the paged scorer, on 8 dev problems,
+    and the engine references for check_against_engine (the same policy; the full cache)."""
     prompts = dev_prompts(tok, 8)
-    knobs = {"interval": 32, "redundancy": 1.0}
     refs = (prompts,
-            engine_run(beaconkv.make_policy_config("beacon", 158, knobs=knobs), prompts, 1200),
+            engine_run(beaconkv.make_policy_config("beacon", budget, knobs=knobs), prompts, 1200),
             engine_run("full", prompts, 1200))
-    ours = run_vllm(tmp_path, "beacon_redundancy",
-                    beaconkv={"policy": "beacon", "budget": 158, "knobs": knobs,
+    ours = run_vllm(tmp_path, name,
+                    beaconkv={"policy": "beacon", "budget": budget, "knobs": knobs,
                               "scorer": "paged"},
                     prompts=prompts, max_tokens=[1200] * len(prompts), logprobs=3)
     assert ours["stats"]["tokens_evicted"] > 0
     assert ours["integrity"] == "ok" and ours["used_blocks_at_end"] == 0
+    return ours, refs
+
+
+def test_beacon_with_redundancy_matches_our_engine(tmp_path, tok):
+    """The redundancy knob inside vLLM, scored by the paged scorer (whose plans then carry the
+    redundancy term), against our engine with the same knob."""
+    ours, refs = paged_beacon_with_knobs(tmp_path, tok, "beacon_redundancy", 158,
+                                         {"interval": 32, "redundancy": 1.0})
     # The redundancy ranks many near-duplicate keys within a hair of each other, so the
     # two models' ~1e-7 key differences flip more of the later near ties than the FPS alone
     # does (measured: 6e-2 with the term, 4e-4 without, same prompts and interval; our
     # engine's host and paged scoring agree bitwise). Still far below the full cache's gap.
     check_against_engine(ours, refs, "beacon@158/32, redundancy=1, scorer=paged",
                          later_bound=0.25)
+
+
+def test_beacon_with_prompt_slots_matches_our_engine(tmp_path, tok):
+    """prompt_slots inside vLLM: with the paged scorer the pool plans the coverage layer and
+    runs Compress for the layers the knob acts in (their plans cannot rank the prompt before
+    scoring), against our engine with the same knobs."""
+    ours, refs = paged_beacon_with_knobs(tmp_path, tok, "beacon_prompt_slots", 96,
+                                         {"interval": 32, "prompt_slots": 4})
+    # At 96 tokens per head later near ties flip more often than at 158 (measured on these
+    # prompts: 0.18 without the knob, 0.34 with it, whose four slots rank the prompt's diffuse
+    # scores); the first 256 steps are as close as every other setting's.
+    check_against_engine(ours, refs, "beacon@96/32, prompt_slots=4, scorer=paged",
+                         later_bound=0.5)
 
 
 def test_beacon_across_processes_matches_our_engine(tmp_path, engine_refs):
