@@ -10,6 +10,7 @@ import pytest
 import beaconkv
 from beaconkv import reference
 from beaconkv.evaluate import load_problems
+from beaconkv.replay import replay_engine
 
 MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny-reasoner")
 
@@ -26,8 +27,7 @@ def trace():
 def fewest_prompt_tokens(cfg, prompt, ids):
     """Per layer, the fewest unprotected prompt tokens (after the sinks) any kv head held after
     any decode step from the first eviction on."""
-    eng = beaconkv.Engine(MODEL, max_batch=1)
-    evicted_at, first = eng.replay_evictions(ids, len(prompt), cfg)
+    evicted_at, first = replay_engine(MODEL).replay_evictions(ids, len(prompt), cfg)
     evicted_at = np.asarray(evicted_at)
     assert first < len(ids)  # the policy did compress
     region = evicted_at[:, :, cfg.n_sinks:len(prompt)]  # [layers, kv_heads, prompt tokens]
