@@ -98,6 +98,12 @@ absl::StatusOr<ScoringPlan> PolicyState::PlanScored(int32_t layer, absl::Span<co
     task.k = std::max<int64_t>(hooks.budget - kept, 0);
     task.protect.assign(n, 0);
     for (int32_t i = 0; i < n; ++i) task.protect[ordered.slot(i)] = protect[i];
+    if (!task.reserve.empty()) {
+      BKV_CHECK(static_cast<int32_t>(task.reserve.size()) == n);
+      std::vector<uint8_t> by_slot(n, 0);
+      for (int32_t i = 0; i < n; ++i) by_slot[ordered.slot(i)] = task.reserve[i];
+      task.reserve = std::move(by_slot);
+    }
     plan.tasks.push_back(std::move(task));
   }
   return plan;

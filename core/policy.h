@@ -43,6 +43,11 @@ struct ScoringTask {
   // their head_dim vectors to position `rotate_to` (ScoringPlan::rope_theta) before scoring.
   int32_t rotated_rows = 0;
   int32_t rotate_to = 0;
+  // An optional reserved region: empty, or [num_tokens()] slot order, 1 = in the region. The
+  // first min(reserve_k, k) of the k picks go to the region's best unprotected tokens, the
+  // rest to the best of what is left (beacon's prompt_slots).
+  std::vector<uint8_t> reserve;
+  int64_t reserve_k = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(protect.size()); }  // the head's
 };
@@ -168,7 +173,8 @@ class PolicyState {
     // Writes the head's observation queries ([rows, group_size, head_dim]) into
     // task->queries (and, for rows left before RoPE, task->rotated_rows and rotate_to) and
     // returns rows; may mark more tokens of `protect` (position order, never empty here) that
-    // must be kept before any scored one (beacon's coverage sample).
+    // must be kept before any scored one (beacon's coverage sample). A reserved region goes
+    // in task->reserve in position order (PlanScored stores it in slot order).
     absl::FunctionRef<int32_t(int32_t kv_head, const OrderedHead& ordered,
                               std::vector<uint8_t>* protect, ScoringTask* task)>
         rows;

@@ -75,10 +75,6 @@ class BeaconState final : public PolicyState {
       return absl::UnimplementedError(
           "policy beacon: pooled budgets select across the heads of a layer; run Compress");
     }
-    if (config_.prompt_slots > 0 && !IsCoverage(layer)) {
-      return absl::UnimplementedError(
-          "policy beacon: prompt_slots ranks the prompt's tokens by their scores; run Compress");
-    }
     ScoringPlan shape;
     shape.group_size = 1;
     shape.spec = {GqaReduction::kMaxProbs, QueryReduction::kMax};
@@ -103,6 +99,12 @@ class BeaconState final : public PolicyState {
            // every scored token: the same set as keeping it outright beside the protected ones.
            if (IsCoverage(layer)) {
              for (int32_t i : CoverageFor(ordered, *protect)) (*protect)[i] = 1;
+           } else if (config_.prompt_slots > 0) {
+             // ReservePrompt's lift, as a region the scorer serves first.
+             const int32_t prompt = CountPrompt(ordered, prompt_len_);
+             task->reserve.assign(ordered.size(), 0);
+             for (int32_t i = 0; i < prompt; ++i) task->reserve[i] = (*protect)[i] ? 0 : 1;
+             task->reserve_k = config_.prompt_slots;
            }
            return rows;
          }});

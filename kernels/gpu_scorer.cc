@@ -30,6 +30,9 @@ enum Buf {
   kWork,
   kRopeTable,
   kRopeRow,
+  kReserve,
+  kReserveK,
+  kBufCount,
 };
 
 absl::Status CudaError(cudaError_t e, const char* what) {
@@ -38,6 +41,8 @@ absl::Status CudaError(cudaError_t e, const char* what) {
 }
 
 }  // namespace
+
+static_assert(kBufCount == GpuScorer::NumBuffers(), "one device buffer per Buf");
 
 GpuScorer::GpuScorer(const CudaKvStore* store, cudaStream_t stream)
     : store_(store), stream_(stream) {}
@@ -139,6 +144,11 @@ absl::Status GpuScorer::Score(const ScoringShape& shape, absl::Span<const Scorin
                                    penalty, stream_)) != cudaSuccess)
       return CudaError(e, "PagedRedundancyScores");
     ks.topk.penalty.values = penalty;
+  }
+  if (!batch_.reserve.empty()) {
+    ks.topk.reserve.mask = up(kReserve, batch_.reserve);
+    ks.topk.reserve.k = up(kReserveK, batch_.reserve_k);
+    if (e != cudaSuccess) return CudaError(e, "upload (reserved region)");
   }
   size_t temp_bytes = 0;
   if ((e = SegmentedTopK(nullptr, &temp_bytes, offsets, scores, positions, protect, k, ks.topk,

@@ -28,12 +28,14 @@ class GpuScorer final : public Scorer {
   absl::Status Score(const ScoringShape& shape, absl::Span<const ScoringJob> jobs,
                      ScoringResult* result) override;
 
+  static constexpr int NumBuffers() { return kNumBuffers; }
+
  private:
   // Device buffer `which`, at least `bytes` long (grown, never shrunk); null with *error set
   // when cudaMalloc fails (a success leaves *error as it was).
   void* Buffer(int which, size_t bytes, cudaError_t* error);
 
-  static constexpr int kNumBuffers = 16;
+  static constexpr int kNumBuffers = 18;  // gpu_scorer.cc checks it against its list
   const CudaKvStore* store_;
   cudaStream_t stream_;
   ScoringBatch batch_;

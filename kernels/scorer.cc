@@ -37,7 +37,7 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
   b.max_len = 0;
   const int64_t row = int64_t{shape.group_size} * shape.head_dim;
   int64_t tokens = 0, rows = 0;
-  bool any_rotated = false;
+  bool any_rotated = false, any_reserve = false;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const ScoringJob& job = jobs[j];
     if (job.task == nullptr) return JobError(j, "no task");
@@ -58,6 +58,15 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
                                          job.table.size(), shape.block_size, n));
     }
     if (t.k < 0 || t.k > kMax) return JobError(j, absl::StrFormat("k=%d out of range", t.k));
+    if (!t.reserve.empty() && static_cast<int64_t>(t.reserve.size()) != n) {
+      return JobError(
+          j, absl::StrFormat("a reserved region of %d slots for %d tokens", t.reserve.size(), n));
+    }
+    if (t.reserve_k < 0 || t.reserve_k > kMax || (t.reserve_k > 0 && t.reserve.empty())) {
+      return JobError(j, absl::StrFormat("reserve_k=%d with a region of %d slots", t.reserve_k,
+                                         t.reserve.size()));
+    }
+    any_reserve |= t.reserve_k > 0;
     if (t.rotated_rows < 0 || t.rotated_rows > t.num_queries || t.rotate_to < 0) {
       return JobError(j, absl::StrFormat("%d rotated rows to position %d for %d queries",
                                          t.rotated_rows, t.rotate_to, t.num_queries));
@@ -85,6 +94,12 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
   b.positions.reserve(tokens);
   b.protect.clear();
   b.protect.reserve(tokens);
+  b.reserve.clear();
+  b.reserve_k.clear();
+  if (any_reserve) {
+    b.reserve.reserve(tokens);
+    b.reserve_k.reserve(b.num_jobs);
+  }
   b.rope_table_row.clear();
   b.rope_positions.clear();
   if (any_rotated) {
@@ -112,6 +127,14 @@ absl::Status BuildScoringBatch(const ScoringShape& shape, absl::Span<const Scori
     }
     b.positions.insert(b.positions.end(), job.positions.begin(), job.positions.end());
     b.protect.insert(b.protect.end(), t.protect.begin(), t.protect.end());
+    if (any_reserve) {
+      if (t.reserve_k > 0) {
+        b.reserve.insert(b.reserve.end(), t.reserve.begin(), t.reserve.end());
+      } else {
+        b.reserve.insert(b.reserve.end(), t.protect.size(), 0);
+      }
+      b.reserve_k.push_back(static_cast<int32_t>(t.reserve_k));
+    }
     b.offsets.push_back(b.offsets.back() + t.num_tokens());
   }
   return absl::OkStatus();
@@ -167,6 +190,7 @@ absl::Status PagedTwinScorer::Score(const ScoringShape& shape, absl::Span<const 
                                       result->penalty.data());
     ks.topk.penalty.values = result->penalty.data();
   }
+  if (!batch_.reserve.empty()) ks.topk.reserve = {batch_.reserve.data(), batch_.reserve_k.data()};
   kernels::SegmentedTopKCpu(batch_.offsets.data(), result->scores.data(), batch_.positions.data(),
                             batch_.protect.data(), batch_.k.data(), ks.topk, result->keep.data());
   return absl::OkStatus();

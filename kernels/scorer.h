@@ -74,6 +74,9 @@ struct ScoringBatch {
   std::vector<int32_t> positions;      // [offsets.back()]
   std::vector<uint8_t> protect;        // [offsets.back()]
   std::vector<int32_t> k;              // [num_jobs]
+  // The tasks' reserved regions (ScoringTask::reserve), empty when no task has one.
+  std::vector<uint8_t> reserve;    // [offsets.back()], 0 for tasks without a region
+  std::vector<int32_t> reserve_k;  // [num_jobs]
   // RoPE of the tasks' pre-RoPE rows, per head_dim vector of `queries`: table row 0 is
   // position 0 (the identity: x * 1 - y * 0 == x), row r > 0 a rotate_to. Empty when no task
   // has rotated rows.

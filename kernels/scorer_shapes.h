@@ -14,7 +14,8 @@ namespace beaconkv::internal_scorer {
 
 struct KernelShapes {
   kernels::PagedScoresShape scores;
-  kernels::SegmentedTopKShape topk;  // topk.penalty.values: each scorer sets it (redundancy)
+  // topk.penalty.values and topk.reserve: each scorer sets them (redundancy, a reserved region)
+  kernels::SegmentedTopKShape topk;
   kernels::RedundancyShape redundancy;
 };
 

@@ -332,20 +332,51 @@ cudaError_t LaunchBlockTopK(const int32_t* offsets, const float* scores, const i
   return cudaGetLastError();
 }
 
-}  // namespace
+// The reserved region's round, per segment: everything protected or outside the region is
+// taken (taken = protect | !mask), and the region gets min(reserve_k, k) picks.
+__global__ void ReserveRoundKernel(const int32_t* __restrict__ offsets,    // [num_segments + 1]
+                                   const uint8_t* __restrict__ protect,    // [num_items]
+                                   const uint8_t* __restrict__ mask,       // [num_items]
+                                   const int32_t* __restrict__ k,          // [num_segments]
+                                   const int32_t* __restrict__ reserve_k,  // [num_segments]
+                                   uint8_t* __restrict__ taken,            // [num_items]
+                                   int32_t* __restrict__ picks) {          // [num_segments]
+  const int32_t begin = offsets[blockIdx.x], n = offsets[blockIdx.x + 1] - begin;
+  for (int32_t i = begin + threadIdx.x; i < begin + n; i += blockDim.x) {
+    taken[i] = protect[i] || !mask[i] ? 1 : 0;
+  }
+  if (threadIdx.x == 0) picks[blockIdx.x] = min(reserve_k[blockIdx.x], k[blockIdx.x]);
+}
 
-cudaError_t SegmentedTopK(void* temp, size_t* temp_bytes, const int32_t* offsets,
-                          const float* scores, const int32_t* positions, const uint8_t* protect,
-                          const int32_t* k, const SegmentedTopKShape& s, TopKAlgorithm algorithm,
-                          uint8_t* keep, cudaStream_t stream) {
-  if (temp_bytes == nullptr || s.num_segments < 0 || s.num_items < 0 || s.max_segment_len < 0 ||
-      s.pool_kernel < 1 || s.pool_kernel % 2 == 0) {
-    return cudaErrorInvalidValue;
+// The open round, per segment: the region's winners join the protected elements, and the
+// picks left are k minus their number.
+__global__ void OpenRoundKernel(const int32_t* __restrict__ offsets,  // [num_segments + 1]
+                                const uint8_t* __restrict__ protect,  // [num_items]
+                                const uint8_t* __restrict__ mask,     // [num_items]
+                                const uint8_t* __restrict__ won,      // [num_items] region round
+                                const int32_t* __restrict__ k,        // [num_segments]
+                                uint8_t* __restrict__ taken,          // [num_items]
+                                int32_t* __restrict__ picks) {        // [num_segments]
+  __shared__ int32_t count;
+  if (threadIdx.x == 0) count = 0;
+  __syncthreads();
+  const int32_t begin = offsets[blockIdx.x], n = offsets[blockIdx.x + 1] - begin;
+  int32_t mine = 0;
+  for (int32_t i = begin + threadIdx.x; i < begin + n; i += blockDim.x) {
+    const bool reserved = !protect[i] && mask[i] && won[i];
+    taken[i] = protect[i] || reserved ? 1 : 0;
+    mine += reserved;
   }
-  if (s.pooling != TopKPooling::kNone && s.pooling != TopKPooling::kMax &&
-      s.pooling != TopKPooling::kAvg) {
-    return cudaErrorInvalidValue;
-  }
+  if (mine > 0) atomicAdd(&count, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) picks[blockIdx.x] = k[blockIdx.x] - count;
+}
+
+// One selection without a reserved region (s.reserve is ignored).
+cudaError_t SelectOnce(void* temp, size_t* temp_bytes, const int32_t* offsets, const float* scores,
+                       const int32_t* positions, const uint8_t* protect, const int32_t* k,
+                       const SegmentedTopKShape& s, TopKAlgorithm algorithm, uint8_t* keep,
+                       cudaStream_t stream) {
   if (algorithm == TopKAlgorithm::kAuto) {
     algorithm = s.max_segment_len <= kMaxBlockTopKSegment ? TopKAlgorithm::kBlockRadixSelect
                                                           : TopKAlgorithm::kSegmentedSort;
@@ -373,6 +404,59 @@ cudaError_t SegmentedTopK(void* temp, size_t* temp_bytes, const int32_t* offsets
   if (m <= 2304)
     return LaunchBlockTopK<256, 9>(offsets, scores, positions, protect, k, s, select, keep, stream);
   return LaunchBlockTopK<512, 8>(offsets, scores, positions, protect, k, s, select, keep, stream);
+}
+
+}  // namespace
+
+cudaError_t SegmentedTopK(void* temp, size_t* temp_bytes, const int32_t* offsets,
+                          const float* scores, const int32_t* positions, const uint8_t* protect,
+                          const int32_t* k, const SegmentedTopKShape& s, TopKAlgorithm algorithm,
+                          uint8_t* keep, cudaStream_t stream) {
+  if (temp_bytes == nullptr || s.num_segments < 0 || s.num_items < 0 || s.max_segment_len < 0 ||
+      s.pool_kernel < 1 || s.pool_kernel % 2 == 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (s.pooling != TopKPooling::kNone && s.pooling != TopKPooling::kMax &&
+      s.pooling != TopKPooling::kAvg) {
+    return cudaErrorInvalidValue;
+  }
+  if (s.reserve.mask == nullptr) {
+    return SelectOnce(temp, temp_bytes, offsets, scores, positions, protect, k, s, algorithm, keep,
+                      stream);
+  }
+  if (s.reserve.k == nullptr) return cudaErrorInvalidValue;
+  // Two selections over the same scores: the region's round (the rest counts as taken), then
+  // the open round with the region's winners taken. Each is the one-round selection, so every
+  // algorithm gives the twin's mask here too.
+  size_t inner_bytes = 0;
+  cudaError_t err = SelectOnce(nullptr, &inner_bytes, offsets, scores, positions, protect, k, s,
+                               algorithm, keep, stream);
+  if (err != cudaSuccess) return err;
+  ScratchCarver carve(temp);
+  uint8_t* taken = carve.Take<uint8_t>(s.num_items);     // [num_items]
+  uint8_t* won = carve.Take<uint8_t>(s.num_items);       // [num_items] the region's round
+  int32_t* picks = carve.Take<int32_t>(s.num_segments);  // [num_segments]
+  void* inner = carve.TakeBytes(inner_bytes);
+  if (temp == nullptr) {
+    *temp_bytes = std::max<size_t>(carve.used(), 16);
+    return cudaSuccess;
+  }
+  if (*temp_bytes < carve.used()) return cudaErrorInvalidValue;
+  if (s.num_segments == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  ReserveRoundKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, protect, s.reserve.mask, k,
+                                                              s.reserve.k, taken, picks);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  size_t bytes = inner_bytes;
+  if ((err = SelectOnce(inner, &bytes, offsets, scores, positions, taken, picks, s, algorithm, won,
+                        stream)) != cudaSuccess)
+    return err;
+  OpenRoundKernel<<<s.num_segments, kThreads, 0, stream>>>(offsets, protect, s.reserve.mask, won, k,
+                                                           taken, picks);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  bytes = inner_bytes;
+  return SelectOnce(inner, &bytes, offsets, scores, positions, taken, picks, s, algorithm, keep,
+                    stream);
 }
 
 }  // namespace beaconkv::kernels

@@ -26,8 +26,9 @@ inline constexpr int32_t kMaxBlockTopKSegment = 4096;
 // sizes, a block algorithm with max_segment_len > kMaxBlockTopKSegment) or a too small temp.
 // A segment longer than max_segment_len on the block path traps the kernel.
 // Every algorithm gives exactly the CPU twin's keep mask: the sort key (score, position)
-// totally orders a segment's unprotected elements. shape.penalty.values, if any, is a device
-// array.
+// totally orders a segment's unprotected elements. shape.penalty.values and
+// shape.reserve's arrays, if any, are device arrays; a reserved region runs the selection
+// twice (the region's round, then the open one), and a mask without reserve.k is invalid.
 cudaError_t SegmentedTopK(void* temp,                // [*temp_bytes] device scratch or nullptr
                           size_t* temp_bytes,        // in: size of temp; out: size needed
                           const int32_t* offsets,    // [num_segments + 1]

@@ -36,6 +36,7 @@ void SegmentedTopKCpu(const int32_t* offsets, const float* scores, const int32_t
   std::vector<float> ordered;    // [n] scores in position order
   std::vector<float> pooled;     // [n] pooled scores in slot order
   std::vector<float> penalised;  // [n] after the penalty, slot order
+  std::vector<uint8_t> outside;  // [n] protected or outside the reserved region
   for (int32_t s = 0; s < shape.num_segments; ++s) {
     const int32_t begin = offsets[s], n = offsets[s + 1] - offsets[s];
     BKV_CHECK(n >= 0);
@@ -60,11 +61,26 @@ void SegmentedTopKCpu(const int32_t* offsets, const float* scores, const int32_t
       }
       seg_scores = penalised.data();
     }
-    const HeadCandidates head{absl::MakeConstSpan(positions + begin, n),
-                              absl::MakeConstSpan(protect + begin, n),
-                              absl::MakeConstSpan(seg_scores, n)};
     for (int32_t i = 0; i < n; ++i) keep[begin + i] = protect[begin + i] ? 1 : 0;
-    for (int32_t i : TopKUnprotected(head, k[s])) keep[begin + i] = 1;
+    int64_t picks = k[s];
+    const uint8_t* taken = protect + begin;  // kept before the open selection
+    if (shape.reserve.mask != nullptr) {
+      BKV_CHECK(shape.reserve.k != nullptr && shape.reserve.k[s] >= 0);
+      // The region first: everything outside it counts as taken for this round.
+      outside.resize(n);
+      for (int32_t i = 0; i < n; ++i)
+        outside[i] = protect[begin + i] || !shape.reserve.mask[begin + i] ? 1 : 0;
+      const HeadCandidates region{absl::MakeConstSpan(positions + begin, n), outside,
+                                  absl::MakeConstSpan(seg_scores, n)};
+      const std::vector<int32_t> reserved =
+          TopKUnprotected(region, std::min<int64_t>(shape.reserve.k[s], picks));
+      for (int32_t i : reserved) keep[begin + i] = 1;
+      picks -= static_cast<int64_t>(reserved.size());
+      taken = keep + begin;
+    }
+    const HeadCandidates head{absl::MakeConstSpan(positions + begin, n),
+                              absl::MakeConstSpan(taken, n), absl::MakeConstSpan(seg_scores, n)};
+    for (int32_t i : TopKUnprotected(head, picks)) keep[begin + i] = 1;
   }
 }
 

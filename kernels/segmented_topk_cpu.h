@@ -7,6 +7,9 @@
 // (shape.penalty), then keep every protected element and the k[s] best unprotected ones by
 // (score desc, position desc) -- core TopKUnprotected, so
 // among equal scores the more recent token wins. keep[i] = 1 for kept elements, 0 otherwise.
+// With a reserved region (shape.reserve), the k[s] picks start with the
+// min(reserve.k[s], k[s]) best unprotected elements of the region, and the rest go to the
+// best of the remaining unprotected elements, by the same order.
 // Positions within a segment must be unique and >= 0; scores must not be NaN.
 #pragma once
 
@@ -25,6 +28,14 @@ struct TopKPenalty {
   float lambda = 1.0f;
 };
 
+// A region of each segment that is served first: reserve.mask[i] = 1 marks the region's
+// elements, reserve.k[s] how many of segment s's k[s] picks go to it before any other
+// element. Both arrays on the same side as the others; mask null = no region.
+struct TopKReserve {
+  const uint8_t* mask = nullptr;  // [num_items]
+  const int32_t* k = nullptr;     // [num_segments], >= 0
+};
+
 struct SegmentedTopKShape {
   int32_t num_segments = 0;
   int32_t num_items = 0;        // offsets[num_segments]
@@ -32,6 +43,7 @@ struct SegmentedTopKShape {
   TopKPooling pooling = TopKPooling::kNone;
   int32_t pool_kernel = 1;  // odd, >= 1; 1 = no pooling
   TopKPenalty penalty;
+  TopKReserve reserve;
 };
 
 void SegmentedTopKCpu(const int32_t* offsets,    // [num_segments + 1], offsets[0] == 0

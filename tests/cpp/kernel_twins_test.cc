@@ -144,6 +144,33 @@ TEST(SegmentedTopKCpuTest, APenaltyIsSubtractedAfterPooling) {
   EXPECT_EQ(KeptPositions(positions, keep), (std::set<int32_t>{2, 3}));
 }
 
+// A reserved region takes its picks first, by the same order (ties to the newer), then the
+// rest go to the best of what is left, inside the region or not.
+TEST(SegmentedTopKCpuTest, AReservedRegionIsServedFirst) {
+  // Two segments, slot order != position order in the second.
+  const std::vector<int32_t> offsets = {0, 6, 11};
+  const std::vector<int32_t> positions = {0, 1, 2, 3, 4, 5, 4, 0, 3, 1, 2};
+  const std::vector<float> scores = {.1f, .2f, .3f, .9f, .8f, .7f, .6f, .5f, .9f, .5f, .1f};
+  const std::vector<uint8_t> protect = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const std::vector<uint8_t> region = {1, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1};
+  const std::vector<int32_t> k = {3, 2}, reserve_k = {1, 5};
+  std::vector<uint8_t> keep(11);
+  SegmentedTopKShape shape;
+  shape.num_segments = 2;
+  shape.num_items = 11;
+  shape.max_segment_len = 6;
+  SegmentedTopKCpu(offsets.data(), scores.data(), positions.data(), protect.data(), k.data(), shape,
+                   keep.data());
+  EXPECT_EQ(keep, (std::vector<uint8_t>{1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0}));
+  shape.reserve = {region.data(), reserve_k.data()};
+  SegmentedTopKCpu(offsets.data(), scores.data(), positions.data(), protect.data(), k.data(), shape,
+                   keep.data());
+  // Segment 0: the region's best unprotected (position 2, .3), then 3 and 4 (.9, .8); the
+  // protected position 0 is kept and takes no pick. Segment 1: both picks go to the region
+  // (reserve_k 5 > k 2): positions 0 and 1 (.5 each) over 2 (.1), though 3 outside scores .9.
+  EXPECT_EQ(keep, (std::vector<uint8_t>{1, 0, 1, 1, 1, 0, 0, 1, 0, 1, 0}));
+}
+
 // The paged twin of R-KV's redundancy is core RedundancyScores on the keys in position order,
 // written back in slot order.
 TEST(PagedRedundancyScoresCpuTest, EqualsRedundancyScoresInPositionOrder) {

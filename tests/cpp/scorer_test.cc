@@ -252,7 +252,8 @@ RkvConfig Rkv(int32_t budget, int32_t interval, int32_t window, int32_t pool_ker
 }
 
 BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t coverage,
-                    bool protect_prompt, double redundancy = 0.0, double threshold = 0.5) {
+                    bool protect_prompt, double redundancy = 0.0, double threshold = 0.5,
+                    int32_t prompt_slots = 0) {
   BeaconConfig c;
   c.budget = budget;
   c.interval = interval;
@@ -265,27 +266,34 @@ BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t cove
   c.protect_prompt = protect_prompt;
   c.redundancy = redundancy;
   c.redundancy_threshold = threshold;
+  c.prompt_slots = prompt_slots;
   return c;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, PlannedScoringTest,
-    ::testing::Values(Params{Beacon(48, 16, 1, 1, false), Geometry{}, 1},
-                      Params{Beacon(64, 32, 3, 1, false), Geometry{2, 2, 2, 16, 8}, 2},
-                      Params{Beacon(40, 8, 5, 2, true), Geometry{3, 1, 4, 32, 16}, 3},
-                      Params{Beacon(72, 24, 1, 0, false), Geometry{1, 3, 1, 8, 1}, 4},
-                      Params{Tova(48, 16), Geometry{}, 5},
-                      Params{Tova(40, 1), Geometry{2, 1, 4, 32, 16}, 6},
-                      Params{SnapKv(48, 16, 8, Pooling::kMax, 5), Geometry{}, 7},
-                      Params{SnapKv(40, 8, 4, Pooling::kAvg, 3), Geometry{3, 1, 4, 32, 16}, 8},
-                      Params{SnapKv(64, 32, 16, Pooling::kNone, 1), Geometry{1, 3, 1, 8, 1}, 9},
-                      Params{SnapKv(36, 4, 35, Pooling::kMax, 7), Geometry{}, 10},
-                      Params{Rkv(48, 16, 8, 7, 0.1, 0.5), Geometry{}, 11},
-                      Params{Rkv(40, 8, 4, 3, 0.5, 0.1), Geometry{3, 1, 4, 32, 16}, 12},
-                      Params{Rkv(64, 32, 16, 1, 0.9, -0.2), Geometry{1, 3, 1, 8, 1}, 13},
-                      Params{Beacon(48, 16, 1, 1, false, 1.0, 0.5), Geometry{}, 14},
-                      Params{Beacon(64, 32, 3, 0, false, 0.05, 0.1), Geometry{2, 2, 2, 16, 8}, 15},
-                      Params{Beacon(40, 8, 5, 2, true, 4.0, -0.2), Geometry{3, 1, 4, 32, 16}, 16}));
+    ::testing::Values(
+        Params{Beacon(48, 16, 1, 1, false), Geometry{}, 1},
+        Params{Beacon(64, 32, 3, 1, false), Geometry{2, 2, 2, 16, 8}, 2},
+        Params{Beacon(40, 8, 5, 2, true), Geometry{3, 1, 4, 32, 16}, 3},
+        Params{Beacon(72, 24, 1, 0, false), Geometry{1, 3, 1, 8, 1}, 4},
+        Params{Tova(48, 16), Geometry{}, 5}, Params{Tova(40, 1), Geometry{2, 1, 4, 32, 16}, 6},
+        Params{SnapKv(48, 16, 8, Pooling::kMax, 5), Geometry{}, 7},
+        Params{SnapKv(40, 8, 4, Pooling::kAvg, 3), Geometry{3, 1, 4, 32, 16}, 8},
+        Params{SnapKv(64, 32, 16, Pooling::kNone, 1), Geometry{1, 3, 1, 8, 1}, 9},
+        Params{SnapKv(36, 4, 35, Pooling::kMax, 7), Geometry{}, 10},
+        Params{Rkv(48, 16, 8, 7, 0.1, 0.5), Geometry{}, 11},
+        Params{Rkv(40, 8, 4, 3, 0.5, 0.1), Geometry{3, 1, 4, 32, 16}, 12},
+        Params{Rkv(64, 32, 16, 1, 0.9, -0.2), Geometry{1, 3, 1, 8, 1}, 13},
+        Params{Beacon(48, 16, 1, 1, false, 1.0, 0.5), Geometry{}, 14},
+        Params{Beacon(64, 32, 3, 0, false, 0.05, 0.1), Geometry{2, 2, 2, 16, 8}, 15},
+        Params{Beacon(40, 8, 5, 2, true, 4.0, -0.2), Geometry{3, 1, 4, 32, 16}, 16},
+        // prompt_slots: fewer slots than prompt candidates, more, with the
+        // redundancy term, and with the prompt protected (an empty region).
+        Params{Beacon(48, 16, 1, 1, false, 0.0, 0.5, 4), Geometry{}, 17},
+        Params{Beacon(40, 8, 3, 0, false, 0.0, 0.5, 24), Geometry{2, 2, 2, 16, 8}, 18},
+        Params{Beacon(64, 32, 5, 1, false, 1.0, 0.5, 6), Geometry{3, 1, 4, 32, 16}, 19},
+        Params{Beacon(40, 8, 1, 1, true, 0.0, 0.5, 3), Geometry{}, 20}));
 
 TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   Geometry g;
@@ -308,24 +316,43 @@ TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   }
 }
 
-// prompt_slots ranks the prompt by the scores, which a plan leaves to the scorer: the layers
-// it acts in go through Compress; the coverage layers (where it does not act) still plan.
-TEST(PlanScoringTest, BeaconPromptSlotsPlanOnlyTheCoverageLayers) {
+// prompt_slots becomes a reserved region in the plans of the layers it acts in: the head's
+// unprotected prompt tokens, in slot order; the coverage layers plan no region.
+TEST(PlanScoringTest, BeaconPromptSlotsReserveThePromptInSlotOrder) {
   Geometry g;
   g.layers = 2;
+  const int32_t prompt = 20, n = 60;
   BeaconConfig c = Beacon(48, 16, 1, 1, false);
   c.prompt_slots = 4;
-  auto state = NewPolicyState(c, ToPolicyGeometry(g), 1);
+  auto state = NewPolicyState(c, ToPolicyGeometry(g), prompt);
   ASSERT_TRUE(state.ok()) << state.status();
-  std::vector<float> keys(static_cast<size_t>(3) * g.head_dim, 0.5f);
-  const std::vector<int32_t> positions = {0, 1, 2};
-  std::vector<HeadKeys> heads(g.kv_heads, HeadKeys{keys.data(), positions.data(), 3});
+  std::vector<int32_t> positions(n);
+  std::iota(positions.begin(), positions.end(), 0);
+  std::mt19937 rng(7);
+  std::shuffle(positions.begin(), positions.end(), rng);
+  std::vector<HeadKeys> heads(g.kv_heads, HeadKeys{nullptr, positions.data(), n});
   std::vector<int32_t> due(g.kv_heads);
-  for (int32_t h = 0; h < g.kv_heads; ++h) due[h] = h;
-  EXPECT_TRUE((*state)->PlanScoring(0, heads, due, 2).ok());
-  auto plan = (*state)->PlanScoring(1, heads, due, 2);
-  EXPECT_TRUE(absl::IsUnimplemented(plan.status())) << plan.status();
-  EXPECT_NE(plan.status().message().find("prompt_slots"), std::string::npos);
+  std::iota(due.begin(), due.end(), 0);
+  auto coverage = (*state)->PlanScoring(0, heads, due, n);
+  ASSERT_TRUE(coverage.ok()) << coverage.status();
+  ASSERT_EQ(coverage->tasks.size(), due.size());
+  for (const ScoringTask& t : coverage->tasks) {
+    EXPECT_TRUE(t.reserve.empty());
+    EXPECT_EQ(t.reserve_k, 0);
+  }
+  auto plan = (*state)->PlanScoring(1, heads, due, n);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->tasks.size(), due.size());
+  for (const ScoringTask& t : plan->tasks) {
+    EXPECT_EQ(t.reserve_k, 4);
+    ASSERT_EQ(t.reserve.size(), static_cast<size_t>(n));
+    for (int32_t s = 0; s < n; ++s) {
+      // The sinks are protected, so the region is the prompt after them.
+      EXPECT_EQ(t.reserve[s], positions[s] >= c.n_sinks && positions[s] < prompt ? 1 : 0)
+          << "slot " << s << " position " << positions[s];
+      EXPECT_FALSE(t.reserve[s] && t.protect[s]);
+    }
+  }
 }
 
 TEST(PlanScoringTest, BadArgumentsAreErrors) {
@@ -394,7 +421,16 @@ TEST(BuildScoringBatchTest, LaysOutJobsAndNamesBadOnes) {
   EXPECT_EQ(b.positions, (std::vector<int32_t>{4, 0, 9, 2}));
   EXPECT_EQ(b.protect, (std::vector<uint8_t>{1, 0, 0, 0}));
   EXPECT_EQ(b.k, (std::vector<int32_t>{1, 1}));
-  EXPECT_TRUE(b.rope_table_row.empty());  // nothing to rotate
+  EXPECT_TRUE(b.rope_table_row.empty());                  // nothing to rotate
+  EXPECT_TRUE(b.reserve.empty() && b.reserve_k.empty());  // no reserved region
+
+  // One task with a reserved region: the others' share of the mask is 0.
+  ScoringTask reserved = t0;
+  reserved.reserve = {0, 1, 1};
+  reserved.reserve_k = 1;
+  ASSERT_TRUE(BuildScoringBatch(shape, {{table1, pos1, &t1}, {table0, pos0, &reserved}}, &b).ok());
+  EXPECT_EQ(b.reserve, (std::vector<uint8_t>{0, 0, 1, 1}));
+  EXPECT_EQ(b.reserve_k, (std::vector<int32_t>{0, 1}));
 
   // A task with pre-RoPE rows: its last rows' vectors point at its position's table row;
   // every other vector at row 0 (position 0, the identity).
@@ -435,6 +471,15 @@ TEST(BuildScoringBatchTest, LaysOutJobsAndNamesBadOnes) {
   wrong = t2;
   wrong.rotate_to = -1;
   EXPECT_EQ(code(roped, {{table0, pos0, &wrong}}), bad);
+  wrong = reserved;
+  wrong.reserve.pop_back();  // a region of 2 slots for 3 tokens
+  EXPECT_EQ(code(shape, {{table0, pos0, &wrong}}), bad);
+  wrong = reserved;
+  wrong.reserve_k = -1;
+  EXPECT_EQ(code(shape, {{table0, pos0, &wrong}}), bad);
+  wrong = t0;
+  wrong.reserve_k = 2;  // picks for a region that is not there
+  EXPECT_EQ(code(shape, {{table0, pos0, &wrong}}), bad);
 }
 
 TEST(PagedTwinScorerTest, RejectsAStoreOfAnotherShapeAndBlocksOutsideIt) {

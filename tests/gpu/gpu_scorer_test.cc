@@ -36,6 +36,7 @@ struct Case {
   bool protected_unscored = false;
   KvDtype dtype = KvDtype::kFloat32;  // the device store's (the host store holds its values)
   bool redundancy = false;            // rkv's plans: lambda 0.3, threshold 0.9
+  bool reserve = false;  // beacon's prompt_slots: every other job has a reserved region
 };
 
 class GpuScorerTest : public ::testing::TestWithParam<Case> {};
@@ -91,6 +92,11 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
     // Some rows before RoPE (beacons), rotated by the scorer to a position of their own.
     t.rotated_rows = static_cast<int32_t>(rng() % (t.num_queries + 1));
     t.rotate_to = static_cast<int32_t>(rng() % 5000);
+    if (c.reserve && j % 2 == 0) {
+      t.reserve.resize(n);
+      for (uint8_t& r : t.reserve) r = rng() % 4 == 0;
+      t.reserve_k = static_cast<int64_t>(rng() % 16);
+    }
     const int32_t blocks = (n + c.block_size - 1) / c.block_size;
     tables[j].assign(free.begin() + next, free.begin() + next + blocks);
     next += blocks;
@@ -122,11 +128,18 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
   // The device's masks are exactly what the CPU top-k makes of the device's scores.
   std::vector<int32_t> k(jobs_n);
   for (int32_t j = 0; j < jobs_n; ++j) k[j] = static_cast<int32_t>(tasks[j].k);
-  std::vector<int32_t> flat_positions;
-  std::vector<uint8_t> flat_protect;
+  std::vector<int32_t> flat_positions, reserve_k(jobs_n);
+  std::vector<uint8_t> flat_protect, flat_reserve;
   for (int32_t j = 0; j < jobs_n; ++j) {
+    const ScoringTask& t = tasks[j];
     flat_positions.insert(flat_positions.end(), positions[j].begin(), positions[j].end());
-    flat_protect.insert(flat_protect.end(), tasks[j].protect.begin(), tasks[j].protect.end());
+    flat_protect.insert(flat_protect.end(), t.protect.begin(), t.protect.end());
+    if (t.reserve.empty()) {
+      flat_reserve.insert(flat_reserve.end(), t.protect.size(), 0);
+    } else {
+      flat_reserve.insert(flat_reserve.end(), t.reserve.begin(), t.reserve.end());
+    }
+    reserve_k[j] = static_cast<int32_t>(t.reserve_k);
   }
   SegmentedTopKShape topk;
   topk.num_segments = jobs_n;
@@ -136,6 +149,7 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
                  : c.pooling == Pooling::kAvg ? TopKPooling::kAvg
                                               : TopKPooling::kNone;
   topk.pool_kernel = c.pool_kernel;
+  if (c.reserve) topk.reserve = {flat_reserve.data(), reserve_k.data()};
   if (c.redundancy) {
     ASSERT_EQ(got.penalty.size(), want.penalty.size());
     for (size_t i = 0; i < want.penalty.size(); ++i) {
@@ -178,7 +192,12 @@ INSTANTIATE_TEST_SUITE_P(
              KvDtype::kBFloat16, true},
         // beacon's plans with redundancy > 0: max of probabilities, every token scored
         Case{64, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 1, QueryReduction::kMax, false,
-             KvDtype::kFloat32, true}));
+             KvDtype::kFloat32, true},
+        // beacon's plans with prompt_slots: a reserved region, with and without redundancy
+        Case{64, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 1, QueryReduction::kMax, false,
+             KvDtype::kFloat32, false, true},
+        Case{128, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 3, QueryReduction::kMax, false,
+             KvDtype::kBFloat16, true, true}));
 
 TEST(GpuScorerErrorsTest, ShapesTheKernelsDoNotTakeAreInvalidArguments) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "tests/gpu/gpu_test_util.h"
@@ -75,15 +76,36 @@ Problem MakeProblem(const std::vector<int32_t>& lengths, Ties ties, uint32_t see
   return p;
 }
 
-// shape.penalty.values, if set, points at host memory: it is uploaded here.
+// A reserved region over the problem: about a third of each segment, and per-segment picks
+// of 0, 1, a few and more than k.
+struct Region {
+  std::vector<uint8_t> mask;
+  std::vector<int32_t> k;
+};
+
+Region MakeRegion(const Problem& p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Region r;
+  for (size_t i = 0; i < p.scores.size(); ++i) r.mask.push_back(rng() % 3 == 0 ? 1 : 0);
+  for (size_t s = 0; s < p.k.size(); ++s) {
+    const int32_t choices[] = {0, 1, 4, p.k[s] + 3};
+    r.k.push_back(choices[(s + seed) % 4]);
+  }
+  return r;
+}
+
+// shape.penalty.values and shape.reserve, if set, point at host memory: uploaded here.
 std::vector<uint8_t> RunGpu(const Problem& p, SegmentedTopKShape shape, TopKAlgorithm algorithm) {
+  const size_t n = p.scores.size();
+  auto host = [](const auto* v, size_t count) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(v)>>;
+    return v == nullptr ? std::vector<T>{} : std::vector<T>(v, v + count);
+  };
   DeviceBuffer offsets(p.offsets), scores(p.scores), positions(p.positions), protect(p.protect),
-      k(p.k), keep(p.scores.size()),
-      penalty(
-          shape.penalty.values == nullptr
-              ? std::vector<float>{}
-              : std::vector<float>(shape.penalty.values, shape.penalty.values + p.scores.size()));
+      k(p.k), keep(n), penalty(host(shape.penalty.values, n)), region(host(shape.reserve.mask, n)),
+      region_k(host(shape.reserve.k, p.k.size()));
   if (shape.penalty.values != nullptr) shape.penalty.values = penalty.as<float>();
+  if (shape.reserve.mask != nullptr) shape.reserve = {region.as<uint8_t>(), region_k.as<int32_t>()};
   size_t bytes = 0;
   EXPECT_EQ(SegmentedTopK(nullptr, &bytes, offsets.as<int32_t>(), scores.as<float>(),
                           positions.as<int32_t>(), protect.as<uint8_t>(), k.as<int32_t>(), shape,
@@ -114,16 +136,19 @@ TEST_P(SegmentedTopKGpuTest, KeepMaskMatchesTheCpuTwin) {
   std::mt19937 rng(seed + 1);
   std::vector<float> penalty(p.scores.size());
   for (float& x : penalty) x = static_cast<float>(rng() % 1000) * 1e-4f;
-  for (int variant = 0; variant < 6; ++variant) {
+  const Region region = MakeRegion(p, seed + 2);
+  // 0-2: plain, 3-5: with the penalty, 6-8: with the penalty and a reserved region.
+  for (int variant = 0; variant < 9; ++variant) {
     const TopKPooling pooling = variant % 3 == 0   ? TopKPooling::kNone
                                 : variant % 3 == 1 ? TopKPooling::kMax
                                                    : TopKPooling::kAvg;
-    const bool with_penalty = variant >= 3;
+    const bool with_penalty = variant >= 3, with_region = variant >= 6;
     if (pool == 1 && pooling != TopKPooling::kNone) continue;
-    SCOPED_TRACE(::testing::Message()
-                 << "pooling " << static_cast<int>(pooling) << " penalty " << with_penalty);
+    SCOPED_TRACE(::testing::Message() << "pooling " << static_cast<int>(pooling) << " penalty "
+                                      << with_penalty << " region " << with_region);
     SegmentedTopKShape shape;
     if (with_penalty) shape.penalty = {penalty.data(), 0.3f};
+    if (with_region) shape.reserve = {region.mask.data(), region.k.data()};
     shape.num_segments = static_cast<int32_t>(lengths.size());
     shape.num_items = static_cast<int32_t>(p.scores.size());
     shape.max_segment_len = p.max_len;
@@ -188,6 +213,13 @@ TEST(SegmentedTopKArgsTest, BadShapesAreErrors) {
                           static_cast<TopKAlgorithm>(9), nullptr, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(SegmentedTopK(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, shape,
+                          TopKAlgorithm::kAuto, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  // A reserved region without its per-segment picks.
+  const uint8_t mask = 1;
+  shape.max_segment_len = 1;
+  shape.reserve.mask = &mask;
+  EXPECT_EQ(SegmentedTopK(nullptr, &bytes, nullptr, nullptr, nullptr, nullptr, nullptr, shape,
                           TopKAlgorithm::kAuto, nullptr, nullptr),
             cudaErrorInvalidValue);
 }

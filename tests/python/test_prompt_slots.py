@@ -53,6 +53,8 @@ def test_prompt_slots_hold_prompt_tokens_in_every_scored_head(trace):
 
 
 def test_prompt_slots_are_scored_the_same_by_the_paged_scorer():
+    # The paged scorer runs the plans (a reserved region in the layers the knob acts in); the
+    # host scorer runs Compress, whose selection defines them.
     model = reference.Model(MODEL)
     prompts = [model.encode_prompt(r["prompt"]) for r in load_problems(MODEL, "dev", 2)]
     cfg = beaconkv.make_policy_config("beacon", 64, interval=16, knobs={"prompt_slots": 4})

@@ -171,9 +171,9 @@ def test_beacon_with_redundancy_matches_our_engine(tmp_path, tok):
 
 
 def test_beacon_with_prompt_slots_matches_our_engine(tmp_path, tok):
-    """prompt_slots inside vLLM: with the paged scorer the pool plans the coverage layer and
-    runs Compress for the layers the knob acts in (their plans cannot rank the prompt before
-    scoring), against our engine with the same knobs."""
+    """prompt_slots inside vLLM: with the paged scorer the pool plans every layer, the layers
+    the knob acts in with a reserved region that the scorer fills first, against our engine
+    (host Compress) with the same knobs."""
     ours, refs = paged_beacon_with_knobs(tmp_path, tok, "beacon_prompt_slots", 96,
                                          {"interval": 32, "prompt_slots": 4})
     # At 96 tokens per head later near ties flip more often than at 158 (measured on these
