@@ -384,6 +384,11 @@ An unknown policy or knob, a bad value, or budgets that disagree raise ValueErro
       "The layers [0, n) whose attention adds the count bias (beacon count_bias); 0 for "
       "every other policy.");
   m.def(
+      "prompt_slots_in_effect",
+      [](py::handle policy) { return PromptSlotsInEffect(ToConfig(policy)); }, py::arg("policy"),
+      "Prompt tokens each head outside beacon's coverage layers keeps by score first: "
+      "prompt_slots, at most (budget - n_recent - n_sinks) / 8; 0 for every other policy.");
+  m.def(
       "policy_config",
       [](const std::string& name, const py::kwargs& kwargs) {
         return FromConfig(Unwrap(BuildPolicyConfig({name, {}, {}, KnobList(kwargs)})));

@@ -154,8 +154,9 @@ absl::StatusOr<std::vector<KeepSet>> PolicyState::CompressScored(int32_t layer,
     const int32_t n = sh.ordered->size();
     sh.scores.assign(n, 0.0f);
     hooks.protect(h, *sh.ordered, &sh.protect);
+    if (sh.protect.empty()) sh.protect.assign(n, 0);
     if (pooled || n > hooks.budget)
-      hooks.score(h, *sh.ordered, sh.protect, absl::MakeSpan(sh.scores));
+      hooks.score(h, *sh.ordered, absl::MakeSpan(sh.protect), absl::MakeSpan(sh.scores));
     scored.push_back(std::move(sh));
   }
   return internal::SelectScoredHeads(layer, scored, hooks.mode, hooks.budget);

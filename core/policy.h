@@ -149,9 +149,10 @@ class PolicyState {
                            std::vector<uint8_t>* protect)>
         protect;
     // scores: [n] position order, zero-filled; called only for a head over budget (every head
-    // when pooled), since a head within budget keeps everything.
-    absl::FunctionRef<void(int32_t kv_head, const OrderedHead& ordered,
-                           absl::Span<const uint8_t> protect, absl::Span<float> scores)>
+    // when pooled), since a head within budget keeps everything. It may mark more tokens of
+    // `protect` ([n], position order) kept, once it has their scores (beacon's prompt slots).
+    absl::FunctionRef<void(int32_t kv_head, const OrderedHead& ordered, absl::Span<uint8_t> protect,
+                           absl::Span<float> scores)>
         score;
   };
   // The one Compress skeleton of those policies: checks the arguments, takes the due heads

@@ -52,8 +52,8 @@ class BeaconState final : public PolicyState {
                            [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
                              *protect = ProtectMask(ordered);
                            },
-                           [&](int32_t h, const OrderedHead& ordered,
-                               absl::Span<const uint8_t> protect, absl::Span<float> scores) {
+                           [&](int32_t h, const OrderedHead& ordered, absl::Span<uint8_t> protect,
+                               absl::Span<float> scores) {
                              ScoreHead(geometry_.HeadIndex(layer, h), ordered, current_position,
                                        scores.data());
                              if (Penalised(layer)) Penalise(ordered, scores);
@@ -99,12 +99,12 @@ class BeaconState final : public PolicyState {
            // every scored token: the same set as keeping it outright beside the protected ones.
            if (IsCoverage(layer)) {
              for (int32_t i : CoverageFor(ordered, *protect)) (*protect)[i] = 1;
-           } else if (config_.prompt_slots > 0) {
-             // ReservePrompt's lift, as a region the scorer serves first.
+           } else if (PromptSlots() > 0) {
+             // ReservePrompt's picks, as a region the scorer serves first.
              const int32_t prompt = CountPrompt(ordered, prompt_len_);
              task->reserve.assign(ordered.size(), 0);
              for (int32_t i = 0; i < prompt; ++i) task->reserve[i] = (*protect)[i] ? 0 : 1;
-             task->reserve_k = config_.prompt_slots;
+             task->reserve_k = PromptSlots();
            }
            return rows;
          }});
@@ -152,26 +152,29 @@ class BeaconState final : public PolicyState {
       scores[i] = lambda * scores[i] - (1.0f - lambda) * redundancy_[i];
   }
 
-  // Lifts the head's `prompt_slots` best-scored unprotected prompt tokens above every other
-  // token (ties to the newer, as in the selection), so that the selection keeps them first.
-  void ReservePrompt(const OrderedHead& ordered, absl::Span<const uint8_t> protect,
-                     absl::Span<float> scores) {
-    if (config_.prompt_slots <= 0 || scores.empty()) return;
+  // Marks the head's PromptSlots() best-scored unprotected prompt tokens kept (ties to the
+  // newer, as in the selection): the selection keeps them besides the protected ones, out of
+  // the head's budget (uniform) or the layer's (pooled).
+  void ReservePrompt(const OrderedHead& ordered, absl::Span<uint8_t> protect,
+                     absl::Span<const float> scores) {
+    const int32_t slots = PromptSlots();
+    if (slots <= 0 || scores.empty()) return;
     const int32_t prompt = CountPrompt(ordered, prompt_len_);
     prompt_tokens_.clear();
     for (int32_t i = 0; i < prompt; ++i) {
       if (!protect[i]) prompt_tokens_.push_back(i);
     }
-    const auto m = std::min<ptrdiff_t>(config_.prompt_slots, std::ssize(prompt_tokens_));
-    if (m == 0) return;
+    const auto m = std::min<ptrdiff_t>(slots, std::ssize(prompt_tokens_));
     std::partial_sort(prompt_tokens_.begin(), prompt_tokens_.begin() + m, prompt_tokens_.end(),
                       [&](int32_t a, int32_t b) {
                         return scores[a] > scores[b] || (scores[a] == scores[b] && a > b);
                       });
-    const auto [lo, hi] = std::minmax_element(scores.begin(), scores.end());
-    const float lift = 1.0f + (*hi - *lo);
-    for (ptrdiff_t r = 0; r < m; ++r) scores[prompt_tokens_[r]] += lift;
+    for (ptrdiff_t r = 0; r < m; ++r) protect[prompt_tokens_[r]] = 1;
   }
+
+  // The prompt slots a head takes (at most one in eight of the free ones, so that small
+  // budgets keep theirs for the scores; docs/policies.md, "Prompt slots").
+  int32_t PromptSlots() const { return PromptSlotsInEffect(config_); }
 
   // Prompt (when it fits beside the recent window) or else the first n_sinks tokens, plus
   // the newest n_recent tokens.

@@ -209,7 +209,7 @@ std::vector<PolicyEntry> MakeRegistry() {
                 "each held token's logit"),
        IntKnob("prompt_slots", &B::prompt_slots, 0,
                "prompt tokens each head outside the coverage layers keeps by score ahead of "
-               "the rest; 0 = off")}));
+               "the rest, at most (budget - n_recent - n_sinks) / 8; 0 = off")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }

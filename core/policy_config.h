@@ -129,10 +129,11 @@ struct BeaconConfig {
   // bias".
   bool count_bias = true;
   // > 0: outside the coverage layers each head keeps, besides its protected tokens, the
-  // `prompt_slots` prompt tokens it scores best (after the redundancy term), ahead of every
-  // other scored token. Uniform budgets only. 0 = off. Why: docs/results/accuracy.md,
-  // "Prompt slots".
-  int32_t prompt_slots = 0;
+  // prompt tokens it scores best (after the redundancy term), ahead of every other scored
+  // token: `prompt_slots` of them, but at most one in eight of the slots the protected tokens
+  // leave ((budget - n_recent - n_sinks) / 8: 1 at budget 64, 4 from 84 up with the defaults).
+  // 0 = off. On by default since 2026-12-05. Why: docs/results/accuracy.md, "Prompt slots".
+  int32_t prompt_slots = 4;
 };
 
 using PolicyConfig = std::variant<FullConfig, StreamingConfig, H2OConfig, TovaConfig, SnapKvConfig,
@@ -162,6 +163,12 @@ PolicyTraits DescribePolicy(const PolicyConfig& config);
 // The layers [0, n) whose attention adds the count bias (BeaconConfig::count_bias): beacon's
 // coverage layers when count_bias is on, else 0 for every policy.
 int32_t CountBiasLayers(const PolicyConfig& config);
+
+// The prompt tokens each head outside beacon's coverage layers keeps by score before the
+// rest (BeaconConfig::prompt_slots): prompt_slots, but at most one in eight of the slots the
+// protected tokens leave, (budget - n_recent - n_sinks) / 8; 0 for every other policy.
+int32_t PromptSlotsInEffect(const PolicyConfig& config);
+int32_t PromptSlotsInEffect(const BeaconConfig& config);
 
 // ---------------------------------------------------------------------------------------
 // The policy registry: the one place that says which policies exist, which take a budget,

@@ -1,6 +1,7 @@
 // What a policy configuration may hold and what it does: the constraints between knobs (each
 // knob's own range is the registry's, core/policy_config.cc) and the four choices a policy
 // makes silently, stated.
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -85,17 +86,6 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
                              "redundancy subtracted can be negative, which pooled budgets "
                              "cannot normalise)");
             }
-            if (c.prompt_slots > 0 && c.budget_mode != BudgetMode::kUniform) {
-              return Invalid("beacon",
-                             "prompt_slots > 0 needs budget_mode=uniform (the slots are taken "
-                             "per head, before a pooled layer shares its budget)");
-            }
-            if (c.budget < c.n_recent + c.n_sinks + c.prompt_slots) {
-              return Invalid("beacon",
-                             absl::StrFormat("budget (%d) is smaller than n_recent + n_sinks + "
-                                             "prompt_slots = %d",
-                                             c.budget, c.n_recent + c.n_sinks + c.prompt_slots));
-            }
             return CheckKernel("beacon", c.pool_kernel);
           },
       },
@@ -105,6 +95,16 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
 int32_t CountBiasLayers(const PolicyConfig& config) {
   const BeaconConfig* b = std::get_if<BeaconConfig>(&config);
   return b != nullptr && b->count_bias ? b->coverage_layers : 0;
+}
+
+int32_t PromptSlotsInEffect(const BeaconConfig& c) {
+  const int64_t free = int64_t{c.budget} - c.n_recent - c.n_sinks;
+  return static_cast<int32_t>(std::clamp<int64_t>(free / 8, 0, std::max(c.prompt_slots, 0)));
+}
+
+int32_t PromptSlotsInEffect(const PolicyConfig& config) {
+  const BeaconConfig* b = std::get_if<BeaconConfig>(&config);
+  return b == nullptr ? 0 : PromptSlotsInEffect(*b);
 }
 
 PolicyTraits DescribePolicy(const PolicyConfig& config) {

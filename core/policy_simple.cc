@@ -65,7 +65,7 @@ class StreamingState final : public PolicyState {
              (*protect)[i] = 1;
            }
          },
-         [](int32_t, const OrderedHead&, absl::Span<const uint8_t>, absl::Span<float>) {}});
+         [](int32_t, const OrderedHead&, absl::Span<uint8_t>, absl::Span<float>) {}});
   }
   int64_t StateBytes() const override { return 0; }
 
@@ -96,18 +96,18 @@ class TovaState final : public PolicyState {
     const int32_t g = geometry_.group_size;
     std::vector<float> q(static_cast<size_t>(g) * d);
     ScoreScratch scratch;
-    return CompressScored(layer, heads, due,
-                          {BudgetMode::kUniform, config_.budget,
-                           [](int32_t, const OrderedHead&, std::vector<uint8_t>*) {},
-                           [&](int32_t h, const OrderedHead& ordered, absl::Span<const uint8_t>,
-                               absl::Span<float> scores) {
-                             const QueryRing& ring = last_[geometry_.HeadIndex(layer, h)];
-                             if (ring.size() != 1) return;
-                             ring.CopyOrdered(q.data());
-                             AttentionScores(ordered.keys(), 0, ordered.size(), d, q.data(), 1, g,
-                                             {GqaReduction::kMeanProbs, QueryReduction::kMax},
-                                             scores.data(), &scratch);
-                           }});
+    return CompressScored(
+        layer, heads, due,
+        {BudgetMode::kUniform, config_.budget,
+         [](int32_t, const OrderedHead&, std::vector<uint8_t>*) {},
+         [&](int32_t h, const OrderedHead& ordered, absl::Span<uint8_t>, absl::Span<float> scores) {
+           const QueryRing& ring = last_[geometry_.HeadIndex(layer, h)];
+           if (ring.size() != 1) return;
+           ring.CopyOrdered(q.data());
+           AttentionScores(ordered.keys(), 0, ordered.size(), d, q.data(), 1, g,
+                           {GqaReduction::kMeanProbs, QueryReduction::kMax}, scores.data(),
+                           &scratch);
+         }});
   }
   // The same selection for an external scorer: the newest step's queries (one row of the
   // whole group, softmax per query head, mean over the group), nothing protected.
@@ -194,7 +194,7 @@ class H2OState final : public PolicyState {
                           protect->assign(n, 0);
                           for (int32_t i = std::max(n - recent, 0); i < n; ++i) (*protect)[i] = 1;
                         },
-                        [&](int32_t h, const OrderedHead& ordered, absl::Span<const uint8_t>,
+                        [&](int32_t h, const OrderedHead& ordered, absl::Span<uint8_t>,
                             absl::Span<float> scores) {
                           const auto& acc = acc_[geometry_.HeadIndex(layer, h)];
                           for (int32_t i = 0; i < ordered.size(); ++i) {

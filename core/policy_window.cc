@@ -47,17 +47,16 @@ class WindowedState final : public PolicyState {
                                                 absl::Span<const int32_t> due, int32_t) override {
     const int32_t d = geometry_.head_dim();
     const int32_t g = geometry_.group_size;
-    return CompressScored(layer, heads, due,
-                          {p_.budget_mode, p_.budget,
-                           [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
-                             ProtectWindow(ordered, protect);
-                           },
-                           [&](int32_t h, const OrderedHead& ordered, absl::Span<const uint8_t>,
-                               absl::Span<float> scores) {
-                             const int32_t region = std::max(ordered.size() - p_.window, 0);
-                             ScoreHead(geometry_.HeadIndex(layer, h), ordered, region, d, g,
-                                       scores.data());
-                           }});
+    return CompressScored(
+        layer, heads, due,
+        {p_.budget_mode, p_.budget,
+         [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
+           ProtectWindow(ordered, protect);
+         },
+         [&](int32_t h, const OrderedHead& ordered, absl::Span<uint8_t>, absl::Span<float> scores) {
+           const int32_t region = std::max(ordered.size() - p_.window, 0);
+           ScoreHead(geometry_.HeadIndex(layer, h), ordered, region, d, g, scores.data());
+         }});
   }
 
   // snapkv and rkv with uniform budgets, for an external scorer: the window's queries (max of

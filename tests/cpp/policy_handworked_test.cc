@@ -298,22 +298,53 @@ TEST(PolicyHandWorked, BeaconUnprotectedPromptKeepsSinks) {
   ExpectKept(cfg, c, {0, 1, 2, 8, 9});
 }
 
-// Prompt slots: prompt {0..3} unprotected, recent {8, 9}, 3 free slots. By score alone the
-// head keeps 3 and 5 (the beacons' reads) and then 7 (zero scores tie to the newest). With two
-// prompt slots the best-scored prompt tokens, 3 and then 2 (the newest of the tied zeros), go
-// first, and 5 keeps the last slot: 7 gives way to 2. A coverage layer ignores the knob.
-TEST(PolicyHandWorked, BeaconPromptSlotsKeepTheBestPromptTokens) {
-  BeaconConfig cfg = SmallBeacon(5);
-  cfg.interval = 1;
-  HeadCase c = BeaconCase();
+// BeaconCase stretched to n tokens: the beacon (from the pre-RoPE query at position 2) reads
+// k3, the recent queries read k5, and every other key is cold.
+HeadCase LongBeaconCase(int32_t n) {
+  HeadCase c;
   c.prompt_len = 4;
-  ExpectKept(cfg, c, {3, 5, 7, 8, 9});
-  cfg.prompt_slots = 1;  // 3 is already the head's best token
-  ExpectKept(cfg, c, {3, 5, 7, 8, 9});
-  cfg.prompt_slots = 2;
-  ExpectKept(cfg, c, {2, 3, 5, 8, 9});
-  cfg.prompt_slots = 3;  // the whole free budget goes to the prompt
-  ExpectKept(cfg, c, {1, 2, 3, 8, 9});
+  c.current_position = n - 1;
+  auto rope = Rope::Create(testing::TestRope(2));
+  std::vector<float> rb(2), ra(2);
+  rope->Rotate(std::vector<float>{0, 10}.data(), n - 1, rb.data());
+  rope->Rotate(std::vector<float>{10, 0}.data(), n - 1, ra.data());
+  for (int32_t p = 0; p < n; ++p) c.AddKey(p, p == 3 ? rb : p == 5 ? ra : kZero);
+  for (int32_t p = 0; p < n; ++p) {
+    const std::vector<float> pre = p == 2 ? std::vector<float>{0, 10} : std::vector<float>{1, 0};
+    c.AddStep(p, pre, ra);
+  }
+  return c;
+}
+
+Positions Plus(Positions head, int32_t from, int32_t to) {  // head + [from, to]
+  for (int32_t p = from; p <= to; ++p) head.push_back(p);
+  return head;
+}
+
+// Prompt slots: 30 tokens, prompt {0..3} unprotected, recent {28, 29}. At budget 18 (16 free
+// slots) score alone keeps 3 and 5, then the 14 newest cold tokens {14..27} (ties go to the
+// newest). prompt_slots=4 gets 16 / 8 = 2 slots: the best prompt tokens, 3 and then 2 (the
+// newest of the tied cold ones), go first; 5 and 13 cold tokens {15..27} fill the rest. At
+// budget 26 (24 free) it gets 3 slots: 3, 2, 1, then 5 and {8..27}. One slot changes nothing
+// there: 3 is the head's best token anyway. A coverage layer ignores the knob.
+TEST(PolicyHandWorked, BeaconPromptSlotsKeepTheBestPromptTokens) {
+  const HeadCase c = LongBeaconCase(30);
+  BeaconConfig cfg = SmallBeacon(18);
+  cfg.interval = 1;
+  cfg.prompt_slots = 0;
+  ExpectKept(cfg, c, Plus({3, 5}, 14, 29));
+  cfg.prompt_slots = 4;
+  ExpectKept(cfg, c, Plus({2, 3, 5}, 15, 29));
+  cfg.budget = 26;
+  ExpectKept(cfg, c, Plus({1, 2, 3, 5}, 8, 29));
+  cfg.prompt_slots = 1;
+  ExpectKept(cfg, c, Plus({3, 5}, 6, 29));
+  cfg.prompt_slots = 0;
+  ExpectKept(cfg, c, Plus({3, 5}, 6, 29));
+  // Fewer than 8 free slots take none: budget 9 leaves 7.
+  cfg.budget = 9;
+  cfg.prompt_slots = 4;
+  ExpectKept(cfg, c, Plus({3, 5}, 23, 29));
   BeaconConfig coverage = cfg;
   coverage.coverage_layers = 1;
   cfg.prompt_slots = 0;
@@ -322,6 +353,19 @@ TEST(PolicyHandWorked, BeaconPromptSlotsKeepTheBestPromptTokens) {
   absl::StatusOr<Positions> without = KeptPositions(cfg, c, 0);
   ASSERT_TRUE(with.ok() && without.ok());
   EXPECT_EQ(*with, *without);
+}
+
+// With pooled budgets the slots are taken per head, out of the layer's budget: the same
+// tokens as uniform where there is one head.
+TEST(PolicyHandWorked, BeaconPromptSlotsWithPooledBudgets) {
+  const HeadCase c = LongBeaconCase(30);
+  BeaconConfig cfg = SmallBeacon(18);
+  cfg.interval = 1;
+  cfg.budget_mode = BudgetMode::kPooled;
+  cfg.prompt_slots = 4;
+  ExpectKept(cfg, c, Plus({2, 3, 5}, 15, 29));
+  cfg.prompt_slots = 0;
+  ExpectKept(cfg, c, Plus({3, 5}, 14, 29));
 }
 
 TEST(PolicyHandWorked, BeaconPooledBudgetFavoursTheFlatHead) {

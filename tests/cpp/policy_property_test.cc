@@ -293,16 +293,23 @@ TEST(PolicyConfigTest, NamesAndInvalidConfigurations) {
   EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(ValidatePolicyConfig(b).message().find("redundancy"), std::string::npos);
   b = BeaconConfig{};
-  b.prompt_slots = 4;
+  EXPECT_EQ(b.prompt_slots, 4);         // on by default
+  b.budget_mode = BudgetMode::kPooled;  // taken per head, out of the layer's budget
   EXPECT_TRUE(ValidatePolicyConfig(b).ok());
-  b.budget_mode = BudgetMode::kPooled;  // slots are per head
-  EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(ValidatePolicyConfig(b).message().find("prompt_slots"), std::string::npos);
   b = BeaconConfig{};
-  b.budget = b.n_recent + b.n_sinks + 3;
-  b.prompt_slots = 4;  // more than the free slots
-  EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(ValidatePolicyConfig(b).message().find("prompt_slots"), std::string::npos);
+  b.budget = b.n_recent + b.n_sinks + 3;  // fewer free slots than the knob: it takes none
+  EXPECT_TRUE(ValidatePolicyConfig(b).ok());
+  EXPECT_EQ(PromptSlotsInEffect(b), 0);
+  // One in eight of the free slots at most: budget 64 leaves 12 (1 slot), 84 leaves 32 (4).
+  for (const auto& [budget, slots] :
+       {std::pair{59, 0}, {60, 1}, {64, 1}, {83, 3}, {84, 4}, {96, 4}, {512, 4}}) {
+    b.budget = budget;
+    EXPECT_EQ(PromptSlotsInEffect(b), slots) << "budget " << budget;
+    EXPECT_EQ(PromptSlotsInEffect(PolicyConfig(b)), slots);
+  }
+  b.prompt_slots = 0;
+  EXPECT_EQ(PromptSlotsInEffect(b), 0);
+  EXPECT_EQ(PromptSlotsInEffect(PolicyConfig(TovaConfig{})), 0);
   b.prompt_slots = -1;  // outside the registry range
   EXPECT_EQ(ValidatePolicyConfig(b).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(ValidatePolicyConfig(b).message().find("prompt_slots"), std::string::npos);

@@ -195,9 +195,12 @@ def coverage_sample(positions, protect, k):
 
 
 def beacon_keep(keys, recent_queries, beacons, budget, prompt_len=0, n_recent=48,
-                n_sinks=4, protect_prompt=False, pool_kernel=1, coverage=False):
+                n_sinks=4, protect_prompt=False, pool_kernel=1, coverage=False, prompt_slots=4,
+                positions=None):
     """coverage: the head is in one of the first `coverage_layers` layers (evenly spaced
-    sample kept first, the rest by score)."""
+    sample kept first, the rest by score); otherwise the best-scored unprotected prompt tokens
+    (positions < prompt_len; keys in position order, positions default 0..n-1) are kept first:
+    prompt_slots of them, at most (budget - n_recent - n_sinks) // 8."""
     n = keys.shape[0]
     if n <= budget:
         return np.arange(n)
@@ -211,4 +214,11 @@ def beacon_keep(keys, recent_queries, beacons, budget, prompt_len=0, n_recent=48
         sample = coverage_sample(np.arange(n), protect, budget - int(protect.sum()))
         scores = scores.copy()
         scores[sample] += np.float32(2)
+    else:
+        slots = max(0, min(prompt_slots, (budget - n_recent - n_sinks) // 8))
+        pos = np.arange(n) if positions is None else np.asarray(positions)
+        region = [i for i in range(n) if pos[i] < prompt_len and not protect[i]]
+        # Best score first, ties to the newer token, as in select.
+        region.sort(key=lambda i: (-float(scores[i]), -i))
+        protect[region[:slots]] = True
     return select(scores, protect, budget)

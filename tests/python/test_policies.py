@@ -133,15 +133,17 @@ def test_beacon_matches_numpy(seed, coverage_layers):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("prompt_slots", [0, 4])
 @pytest.mark.parametrize("draw_on_fill", [False, True])
-def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill):
+def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_slots):
     # One head decoded for 150 steps, compressed whenever the core says it is due: every keep
     # set equals the NumPy twin's, whose buffer reduces at each draw (default) or only when
     # it would fill before the next draw (draw_on_fill); the two modes choose differently at
-    # some compression.
+    # some compression. With prompt_slots=4, 3 are in effect ((40 - 8 - 2) // 8) over the 4
+    # prompt tokens after the sinks.
     d, g, theta, prompt = 16, 2, 1e4, 6
     cfg = dict(budget=40, interval=8, n_recent=8, n_sinks=2, n_beacons=12, buffer_min=16,
-               buffer_max=64, coverage_layers=0)
+               buffer_max=64, coverage_layers=0, prompt_slots=prompt_slots)
     rng = np.random.default_rng(7)
     pols = {mode: beaconkv.Policy(beaconkv.BeaconConfig(**cfg, draw_on_fill=mode), 1, 1, g, d,
                                   rope_theta=theta, prompt_len=prompt)
@@ -166,7 +168,8 @@ def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill):
             [(_, _, slots)] = pol.compress(0, [keys[m]], [pos[m]], [0], p)
             if m == draw_on_fill:
                 want = ref.beacon_keep(keys[m], np.stack(recent), buf.beacons(12, p, theta), 40,
-                                       prompt_len=prompt, n_recent=8, n_sinks=2)
+                                       prompt_len=prompt, n_recent=8, n_sinks=2,
+                                       prompt_slots=prompt_slots, positions=pos[m])
                 np.testing.assert_array_equal(np.sort(slots), np.sort(want), f"step {p}")
                 compressions += 1
             kept_sets[m].append(pos[m][slots].tolist())

@@ -1,7 +1,7 @@
 """The beacon knob `prompt_slots` on the shipped model (docs/policies.md, "Prompt slots"):
 every head outside the coverage layers keeps its best-scored prompt tokens through every
-compression, and the paged scorer (which plans only the coverage layers then) makes the host's
-decisions."""
+compression, uniform or pooled budgets, and the paged scorer (a reserved region in its plans)
+makes the host's decisions."""
 import os
 
 import numpy as np
@@ -38,9 +38,11 @@ def fewest_prompt_tokens(cfg, prompt, ids):
 
 def test_prompt_slots_hold_prompt_tokens_in_every_scored_head(trace):
     prompt, ids = trace
-    plain = beaconkv.make_policy_config("beacon", 64, interval=8)
-    slots = beaconkv.make_policy_config("beacon", 64, interval=8, knobs={"prompt_slots": 6})
-    assert plain.prompt_slots == 0 and slots.prompt_slots == 6
+    plain = beaconkv.make_policy_config("beacon", 112, interval=8, knobs={"prompt_slots": 0})
+    slots = beaconkv.make_policy_config("beacon", 112, interval=8, knobs={"prompt_slots": 6})
+    # 112 - 48 recent - 4 sinks leaves 60 free slots: room for 7, so all six are in effect.
+    assert beaconkv.prompt_slots_in_effect(slots) == 6
+    assert beaconkv.prompt_slots_in_effect(plain) == 0
     without = fewest_prompt_tokens(plain, prompt, ids)
     with_slots = fewest_prompt_tokens(slots, prompt, ids)
     scored = slice(slots.coverage_layers, None)
@@ -50,6 +52,27 @@ def test_prompt_slots_hold_prompt_tokens_in_every_scored_head(trace):
     # The coverage layers keep their even sample either way.
     np.testing.assert_array_equal(with_slots[:slots.coverage_layers],
                                   without[:plain.coverage_layers])
+
+
+def test_prompt_slots_are_on_by_default_and_shrink_with_the_free_slots():
+    make = beaconkv.make_policy_config
+    assert make("beacon", 96).prompt_slots == 4
+    # At most one in eight of budget - n_recent - n_sinks: 96 leaves 44, 64 leaves 12.
+    assert [beaconkv.prompt_slots_in_effect(make("beacon", b)) for b in (52, 59, 60, 64, 84, 96)] \
+        == [0, 0, 1, 1, 4, 4]
+    assert beaconkv.prompt_slots_in_effect(make("beacon", 96, knobs={"n_recent": 8})) == 4
+    assert beaconkv.prompt_slots_in_effect(make("snapkv", 96)) == 0
+
+
+def test_prompt_slots_with_pooled_budgets_hold_prompt_tokens(trace):
+    prompt, ids = trace
+    pooled = beaconkv.make_policy_config("beacon-pooled", 112, interval=8,
+                                         knobs={"prompt_slots": 6})
+    plain = beaconkv.make_policy_config("beacon-pooled", 112, interval=8,
+                                        knobs={"prompt_slots": 0})
+    scored = slice(pooled.coverage_layers, None)
+    assert fewest_prompt_tokens(pooled, prompt, ids)[scored].min() >= 6
+    assert fewest_prompt_tokens(plain, prompt, ids)[scored].min() < 6
 
 
 def test_prompt_slots_are_scored_the_same_by_the_paged_scorer():
@@ -72,6 +95,4 @@ def test_prompt_slots_bad_values_are_clear_errors():
     with pytest.raises(ValueError, match="prompt_slots"):
         beaconkv.make_policy_config("beacon", 64, knobs={"prompt_slots": -1})
     with pytest.raises(ValueError, match="prompt_slots"):
-        beaconkv.make_policy_config("beacon", 56, knobs={"prompt_slots": 8})  # 48 + 4 + 8 > 56
-    with pytest.raises(ValueError, match="prompt_slots"):
-        beaconkv.make_policy_config("beacon-pooled", 96, knobs={"prompt_slots": 4})
+        beaconkv.make_policy_config("beacon", 64, knobs={"prompt_slots": "many"})
