@@ -99,12 +99,11 @@ class BeaconState final : public PolicyState {
            // every scored token: the same set as keeping it outright beside the protected ones.
            if (IsCoverage(layer)) {
              for (int32_t i : CoverageFor(ordered, *protect)) (*protect)[i] = 1;
-           } else if (PromptSlots() > 0) {
+           } else if (const int32_t slots = PromptSlots(); slots > 0) {
              // ReservePrompt's picks, as a region the scorer serves first.
-             const int32_t prompt = CountPrompt(ordered, prompt_len_);
-             task->reserve.assign(ordered.size(), 0);
-             for (int32_t i = 0; i < prompt; ++i) task->reserve[i] = (*protect)[i] ? 0 : 1;
-             task->reserve_k = PromptSlots();
+             OutsidePrompt(ordered, *protect, &task->reserve);
+             for (uint8_t& r : task->reserve) r = !r;
+             task->reserve_k = slots;
            }
            return rows;
          }});
@@ -158,18 +157,19 @@ class BeaconState final : public PolicyState {
   void ReservePrompt(const OrderedHead& ordered, absl::Span<uint8_t> protect,
                      absl::Span<const float> scores) {
     const int32_t slots = PromptSlots();
-    if (slots <= 0 || scores.empty()) return;
-    const int32_t prompt = CountPrompt(ordered, prompt_len_);
-    prompt_tokens_.clear();
-    for (int32_t i = 0; i < prompt; ++i) {
-      if (!protect[i]) prompt_tokens_.push_back(i);
-    }
-    const auto m = std::min<ptrdiff_t>(slots, std::ssize(prompt_tokens_));
-    std::partial_sort(prompt_tokens_.begin(), prompt_tokens_.begin() + m, prompt_tokens_.end(),
-                      [&](int32_t a, int32_t b) {
-                        return scores[a] > scores[b] || (scores[a] == scores[b] && a > b);
-                      });
-    for (ptrdiff_t r = 0; r < m; ++r) protect[prompt_tokens_[r]] = 1;
+    if (slots <= 0) return;
+    OutsidePrompt(ordered, protect, &outside_prompt_);
+    const HeadCandidates region{absl::MakeConstSpan(ordered.positions(), ordered.size()),
+                                outside_prompt_, scores};
+    for (int32_t i : TopKUnprotected(region, slots)) protect[i] = 1;
+  }
+
+  // [n] position order: 1 for the tokens the prompt slots cannot take (the protected ones and
+  // every token after the prompt), 0 for the unprotected prompt tokens.
+  void OutsidePrompt(const OrderedHead& ordered, absl::Span<const uint8_t> protect,
+                     std::vector<uint8_t>* out) const {
+    out->assign(protect.begin(), protect.end());
+    std::fill(out->begin() + CountPrompt(ordered, prompt_len_), out->end(), uint8_t{1});
   }
 
   // The prompt slots a head takes (at most one in eight of the free ones, so that small
@@ -234,12 +234,12 @@ class BeaconState final : public PolicyState {
 
   BeaconConfig config_;
   Rope rope_;
-  std::vector<QueryRing> rings_;        // [num_heads_total], newest n_recent post-RoPE steps
-  std::vector<BeaconBank> banks_;       // [num_heads_total], pre-RoPE query buffers
-  std::vector<float> beacons_;          // [n_beacons, head_dim] scratch
-  std::vector<float> queries_;          // [rows, head_dim] scratch
-  std::vector<float> redundancy_;       // [num_tokens] scratch
-  std::vector<int32_t> prompt_tokens_;  // ReservePrompt scratch
+  std::vector<QueryRing> rings_;         // [num_heads_total], newest n_recent post-RoPE steps
+  std::vector<BeaconBank> banks_;        // [num_heads_total], pre-RoPE query buffers
+  std::vector<float> beacons_;           // [n_beacons, head_dim] scratch
+  std::vector<float> queries_;           // [rows, head_dim] scratch
+  std::vector<float> redundancy_;        // [num_tokens] scratch
+  std::vector<uint8_t> outside_prompt_;  // ReservePrompt scratch
   ScoreScratch scratch_;
 };
 

@@ -46,11 +46,8 @@ def forced_logits(cfg, prompt: list[int], forced: list[int]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def problem():
-    model = reference.Model(MODEL)
-    rec = load_problems(MODEL, "dev", 1)[0]
-    prompt = model.encode_prompt(rec["prompt"])
-    ids = prompt + model.tokenizer.encode(rec["target"]) + [model.tokenizer.eos_id]
+def problem(dev_trace):
+    model, prompt, ids = dev_trace
     return model, prompt, ids[:400]  # ~40 compressions at 64 / 8
 
 

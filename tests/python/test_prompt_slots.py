@@ -16,11 +16,8 @@ MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny-reas
 
 
 @pytest.fixture(scope="module")
-def trace():
-    model = reference.Model(MODEL)
-    rec = load_problems(MODEL, "dev", 1)[0]
-    prompt = model.encode_prompt(rec["prompt"])
-    ids = prompt + model.tokenizer.encode(rec["target"]) + [model.tokenizer.eos_id]
+def trace(dev_trace):
+    _, prompt, ids = dev_trace
     return prompt, ids[:500]
 
 
