@@ -180,14 +180,13 @@ class VllmKvCache {
 
   // Reservation admission. The most blocks a sequence whose prefill is `prefill_len` tokens
   // (the prompt, or prompt + output when a preempted request is recomputed) and which ends at
-  // `max_total` tokens ever holds under the policy (PeakHeadTokens in every head); None when
-  // the policy bounds no head (full, pooled budgets, rpc).
+  // `max_total` tokens ever holds under the policy (core PeakBlocks); None when the policy has
+  // no budget trigger (full, rpc).
   std::optional<int32_t> PeakBlocks(int32_t prefill_len, int64_t max_total) const {
-    const std::optional<int64_t> peak = PeakHeadTokens(policy_, prefill_len);
+    const std::optional<int64_t> peak =
+        beaconkv::PeakBlocks(policy_, shape(), prefill_len, max_total);
     if (!peak) return std::nullopt;
-    const int64_t tokens = std::min<int64_t>(*peak, std::max<int64_t>(max_total, prefill_len));
-    const int64_t bs = shape().block_size;
-    return static_cast<int32_t>(shape().num_heads_total() * ((tokens + bs - 1) / bs));
+    return static_cast<int32_t>(*peak);
   }
   // Records that `id` (live), whose prefill is `prefill_len` tokens (more than it holds when its
   // prefill comes in chunks), may grow to `max_total` tokens; dropped when it is freed.
@@ -205,7 +204,7 @@ class VllmKvCache {
   // ends by `max_total` tokens and asks for `num_tokens` now, fits now and at every coming step
   // beside the reserved sequences, each head following its policy's trigger (AddBlockDemand).
   // Heads of different sequences peak at different steps, so this admits more than reserving
-  // every sequence's peak at once. A sequence alone only needs room now; without a per-head
+  // every sequence's peak at once. A sequence alone only needs room now; without a budget
   // trigger (no reservation), room now is the rule.
   bool Admits(int32_t prefill_len, int64_t max_total, int32_t num_tokens) const {
     if (prefill_len < 0 || num_tokens < 0 || max_total < 0) {
@@ -219,7 +218,7 @@ class VllmKvCache {
       std::vector<int64_t> demand = DemandLocked();
       if (demand.empty()) return true;
       const std::vector<int32_t> heads(shape().num_heads_total(), prefill_len);
-      AddBlockDemand(policy_, shape().block_size,
+      AddBlockDemand(policy_, shape(),
                      {heads, false, std::max<int64_t>(0, max_total - prefill_len)},
                      absl::MakeSpan(demand));
       return *std::max_element(demand.begin(), demand.end()) <=
@@ -229,7 +228,7 @@ class VllmKvCache {
 
   // The blocks the live sequences hold at each of the next steps (BlockDemandHorizon of them;
   // reserved sequences along their heads' cycles, others as they are now); empty when the
-  // policy has no per-head trigger.
+  // policy has no budget trigger.
   std::vector<int64_t> BlockDemand() const {
     return LockedQuick([&] { return DemandLocked(); });
   }
@@ -253,7 +252,7 @@ class VllmKvCache {
       // The engine and the scheduler run the policy after a sequence's decode steps: one
       // token past its prompt.
       const bool decoding = pending == 0 && st.last_tokens == 1 && total > st.prompt_len;
-      AddBlockDemand(policy_, shape().block_size,
+      AddBlockDemand(policy_, shape(),
                      {heads, decoding, std::max<int64_t>(0, st.max_total - total - pending)},
                      absl::MakeSpan(demand));
     }
@@ -700,7 +699,7 @@ void BindVllm(py::module_& m) {
            "Whether a new sequence fits now and at every coming step beside the reserved ones.")
       .def("block_demand", &C::BlockDemand,
            "Blocks the live sequences hold at each of the next steps (reserved ones along their "
-           "heads' cycles); empty without a per-head trigger.")
+           "heads' cycles); empty without a budget trigger.")
       .def("has", &C::Has, py::arg("seq_id"))
       .def("attention", &C::Attention, py::arg("layer"), py::arg("seq_ids"), py::arg("query_lens"),
            py::arg("query"), py::arg("key"), py::arg("value"), py::arg("output").noconvert(),

@@ -162,51 +162,107 @@ absl::StatusOr<std::vector<KeepSet>> PolicyState::CompressScored(int32_t layer,
   return internal::SelectScoredHeads(layer, scored, hooks.mode, hooks.budget);
 }
 
-std::optional<HeadTrigger> UniformHeadTrigger(const PolicyConfig& config) {
+std::optional<HeadTrigger> BudgetTrigger(const PolicyConfig& config) {
   return std::visit(
       [&](const auto& c) -> std::optional<HeadTrigger> {
         using C = std::decay_t<decltype(c)>;
         if constexpr (std::is_same_v<C, FullConfig> || std::is_same_v<C, RpcConfig>) {
           return std::nullopt;
         } else {
+          bool pooled = false;
           if constexpr (requires { c.budget_mode; }) {
-            if (c.budget_mode != BudgetMode::kUniform) return std::nullopt;
+            pooled = c.budget_mode == BudgetMode::kPooled;
           }
-          return HeadTrigger{c.budget, c.interval};
+          return HeadTrigger{c.budget, c.interval, pooled};
         }
       },
       config);
 }
 
-std::optional<int64_t> PeakHeadTokens(const PolicyConfig& config, int32_t prompt_len) {
-  const std::optional<HeadTrigger> t = UniformHeadTrigger(config);
-  if (!t) return std::nullopt;
-  // Due once a head holds budget + interval; the first decode step follows the prefill.
-  return std::max<int64_t>(int64_t{prompt_len} + 1, t->budget + t->interval);
+namespace {
+
+// The most blocks `heads` heads holding `tokens` tokens together take: one partial block each.
+int64_t SplitBlocks(int64_t tokens, int64_t heads, int64_t block_size) {
+  return (tokens + heads * (block_size - 1)) / block_size;
 }
 
-bool AddBlockDemand(const PolicyConfig& config, int32_t block_size, const HeadOutlook& seq,
+}  // namespace
+
+std::optional<int64_t> PeakBlocks(const PolicyConfig& config, const KvShape& shape,
+                                  int32_t prefill_len, int64_t max_total) {
+  const std::optional<HeadTrigger> t = BudgetTrigger(config);
+  if (!t) return std::nullopt;
+  // Due once a head (a layer, pooled) holds budget + interval per head; the first decode step
+  // follows the prefill. No head holds more tokens than the sequence has.
+  const int64_t cap = std::max<int64_t>(max_total, prefill_len);
+  const int64_t first = std::min<int64_t>(cap, int64_t{prefill_len} + 1);
+  const int64_t due = std::min<int64_t>(cap, t->budget + t->interval);
+  const int64_t h = shape.num_kv_heads;
+  if (!t->pooled) return int64_t{shape.num_heads_total()} * shape.BlocksFor(std::max(first, due));
+  // The prefill and its first decode token are in every head alike; after a compression the
+  // layer's heads hold up to `due` each together, split any way, none more than `cap`.
+  const int64_t cycle =
+      std::min<int64_t>(h * shape.BlocksFor(cap), SplitBlocks(h * due, h, shape.block_size));
+  return int64_t{shape.num_layers} * std::max<int64_t>(h * shape.BlocksFor(first), cycle);
+}
+
+bool AddBlockDemand(const PolicyConfig& config, const KvShape& shape, const HeadOutlook& seq,
                     absl::Span<int64_t> demand) {
-  const std::optional<HeadTrigger> t = UniformHeadTrigger(config);
+  const std::optional<HeadTrigger> t = BudgetTrigger(config);
   if (!t || demand.empty()) return t.has_value();
-  const int64_t bs = block_size, due = t->budget + t->interval;
+  const int64_t bs = shape.block_size, due = t->budget + t->interval;
   const int64_t last = std::min<int64_t>(static_cast<int64_t>(demand.size()) - 1,
                                          std::max<int64_t>(0, seq.steps_left));
-  for (const int32_t held : seq.head_tokens) {
-    int64_t c = held;
-    demand[0] += (c + bs - 1) / bs;
-    if (seq.compresses_now && c >= due) c = t->budget;
+  if (!t->pooled) {
+    for (const int32_t held : seq.head_tokens) {
+      int64_t c = held;
+      demand[0] += (c + bs - 1) / bs;
+      if (seq.compresses_now && c >= due) c = t->budget;
+      for (int64_t k = 1; k <= last; ++k) {
+        ++c;
+        demand[k] += (c + bs - 1) / bs;
+        if (c >= due) c = t->budget;
+      }
+    }
+    return true;
+  }
+  // Pooled: each layer's heads advance together and compress together once the layer holds
+  // due * h tokens; after a compression only the layer's total is known.
+  const int64_t h = shape.num_kv_heads;
+  BKV_CHECK(h > 0 && static_cast<int64_t>(seq.head_tokens.size()) % h == 0);
+  for (size_t first = 0; first < seq.head_tokens.size(); first += h) {
+    const absl::Span<const int32_t> layer = seq.head_tokens.subspan(first, h);
+    int64_t total = 0, exact_blocks = 0;
+    for (const int32_t held : layer) {
+      total += held;
+      exact_blocks += (held + bs - 1) / bs;
+    }
+    demand[0] += exact_blocks;
+    bool split_known = true;  // every head still holds its tokens of now plus one per step
+    if (seq.compresses_now && total >= due * h) {
+      total = t->budget * h;
+      split_known = false;
+    }
     for (int64_t k = 1; k <= last; ++k) {
-      ++c;
-      demand[k] += (c + bs - 1) / bs;
-      if (c >= due) c = t->budget;
+      total += h;
+      if (split_known) {
+        exact_blocks = 0;
+        for (const int32_t held : layer) exact_blocks += (held + k + bs - 1) / bs;
+        demand[k] += exact_blocks;
+      } else {
+        demand[k] += SplitBlocks(total, h, bs);
+      }
+      if (total >= due * h) {
+        total = t->budget * h;
+        split_known = false;
+      }
     }
   }
   return true;
 }
 
 std::optional<int64_t> BlockDemandHorizon(const PolicyConfig& config) {
-  const std::optional<HeadTrigger> t = UniformHeadTrigger(config);
+  const std::optional<HeadTrigger> t = BudgetTrigger(config);
   if (!t) return std::nullopt;
   return t->budget + 2 * t->interval + 1;  // steps 0 .. budget + 2 * interval
 }

@@ -26,6 +26,7 @@
 #include "core/policy_config.h"
 #include "core/policy_types.h"
 #include "core/scoring.h"
+#include "core/types.h"
 
 namespace beaconkv {
 
@@ -190,43 +191,51 @@ class PolicyState {
   int32_t prompt_len_;
 };
 
-// The most tokens one head of a sequence with `prompt_len` prompt tokens ever holds under
-// `config` when it runs after every decode step, as the engine and the vLLM backend run it:
-// the prefill, one decode token, then at most budget + interval before each compression.
-// nullopt when no per-head bound exists (full; pooled budgets, where one head may take a
-// layer's share; rpc, whose trigger grows with every compression). Admission control uses it
-// to reserve a sequence's peak instead of preempting later.
-std::optional<int64_t> PeakHeadTokens(const PolicyConfig& config, int32_t prompt_len);
-
-// The per-head trigger behind PeakHeadTokens: a head compressed back to `budget` once it holds
-// budget + interval tokens. nullopt where PeakHeadTokens is.
+// The budget trigger of the scored and windowed policies: a head (uniform budgets) or the
+// heads of a layer together (pooled budgets, `pooled`) compressed back to `budget` tokens per
+// head once they hold budget + interval per head. nullopt for full and rpc, whose heads have
+// no such cycle (rpc's trigger grows with every compression).
 struct HeadTrigger {
   int64_t budget = 0;
   int64_t interval = 1;
+  bool pooled = false;
   friend bool operator==(const HeadTrigger&, const HeadTrigger&) = default;
 };
-std::optional<HeadTrigger> UniformHeadTrigger(const PolicyConfig& config);
+std::optional<HeadTrigger> BudgetTrigger(const PolicyConfig& config);
+
+// The most blocks of shape.block_size tokens a sequence whose prefill is `prefill_len`
+// tokens and which ends by `max_total` tokens ever holds under `config` when the policy runs
+// after every decode step, as the engine and the vLLM backend run it: each head holds the
+// prefill, one decode token, then at most budget + interval before each compression, and
+// never more than the sequence's tokens. Uniform budgets: that many tokens in every head.
+// Pooled budgets: the heads of a layer hold that many per head together, split any way
+// among them, so each layer is bounded by its tokens plus one partial block per head.
+// nullopt without a BudgetTrigger. Admission control reserves it instead of preempting later.
+std::optional<int64_t> PeakBlocks(const PolicyConfig& config, const KvShape& shape,
+                                  int32_t prefill_len, int64_t max_total);
 
 // Reservation admission by the pool's future high point instead of the sum of every
 // sequence's peak: heads of different sequences reach budget + interval at different steps,
 // so the pool's demand stays below that sum. One admitted sequence, now:
 struct HeadOutlook {
-  absl::Span<const int32_t> head_tokens;  // tokens each of its heads holds
+  absl::Span<const int32_t> head_tokens;  // [shape.num_heads_total()] layer-major
   bool compresses_now = false;  // this step is one of its decode steps: the trigger runs after it
   int64_t steps_left = 0;       // decode steps it may still take (to its max length)
 };
-// Adds to demand[k] the blocks of `block_size` tokens the sequence holds at step k from now:
-// k = 0 now, k >= 1 after the k-th next step's append and before that step's compression (the
-// step's high point), nothing once it has ended. Exact when the policy runs after every
-// decode step and the sequence advances one token per step (the engine and the vLLM backend,
-// decoding); a step it skips or a prefill in chunks shifts its cycle. Returns false (demand
-// unchanged) when `config` has no UniformHeadTrigger.
-bool AddBlockDemand(const PolicyConfig& config, int32_t block_size, const HeadOutlook& seq,
+// Adds to demand[k] the blocks of shape.block_size tokens the sequence holds at step k from
+// now: k = 0 now, k >= 1 after the k-th next step's append and before that step's compression
+// (the step's high point), nothing once it has ended. Uniform budgets: exact when the policy
+// runs after every decode step and the sequence advances one token per step (the engine and
+// the vLLM backend, decoding); a step it skips or a prefill in chunks shifts its cycle.
+// Pooled budgets: exact until a layer's first compression in the outlook, then an upper
+// bound (the layer's tokens are known, their split among its heads is not: PeakBlocks's
+// bound). Returns false (demand unchanged) without a BudgetTrigger.
+bool AddBlockDemand(const PolicyConfig& config, const KvShape& shape, const HeadOutlook& seq,
                     absl::Span<int64_t> demand);
 // The steps of demand that hold its maximum over all time: within budget + interval steps every
-// head is in its budget .. budget + interval cycle, which repeats every `interval` steps for
-// every sequence under `config`, and a sequence that ends only lowers later steps. nullopt
-// without a UniformHeadTrigger.
+// head (every layer, pooled) is in its budget .. budget + interval cycle, which repeats every
+// `interval` steps for every sequence under `config`, and a sequence that ends only lowers
+// later steps. nullopt without a BudgetTrigger.
 std::optional<int64_t> BlockDemandHorizon(const PolicyConfig& config);
 
 // Validates config and geometry (kInvalidArgument with the reason) and creates the state.

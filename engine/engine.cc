@@ -221,15 +221,14 @@ void Engine::Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t positi
 }
 
 int32_t Engine::PeakBlocks(const SeqState& s, int64_t prefill_len) const {
-  const std::optional<int64_t> peak =
-      PeakHeadTokens(s.policy_config, static_cast<int32_t>(prefill_len));
-  if (!peak) return -1;
   // A teacher-forced request ends after its forced tokens, whatever max_new_tokens says.
   const int64_t end =
       static_cast<int64_t>(s.request.prompt.size()) +
       (s.request.forced_output.empty() ? s.request.sampling.max_new_tokens
                                        : static_cast<int64_t>(s.request.forced_output.size()));
-  return PromptBlocks(std::min(*peak, std::max(end, prefill_len)));
+  const std::optional<int64_t> peak =
+      beaconkv::PeakBlocks(s.policy_config, bm_->shape(), static_cast<int32_t>(prefill_len), end);
+  return peak ? static_cast<int32_t>(*peak) : -1;
 }
 
 int64_t Engine::DecodeStepsLeft(const SeqState& s) const {
@@ -243,25 +242,25 @@ int64_t Engine::DecodeStepsLeft(const SeqState& s) const {
 
 bool Engine::ReservationFits(const SeqState& s, int64_t prefill_len) const {
   const KvShape& shape = bm_->shape();
-  const std::optional<HeadTrigger> trigger = UniformHeadTrigger(s.policy_config);
+  const std::optional<HeadTrigger> trigger = BudgetTrigger(s.policy_config);
   std::vector<int64_t> demand(BlockDemandHorizon(s.policy_config).value_or(1), 0);
   std::vector<int32_t> heads(shape.num_heads_total());
   // Now (k = 0) every running sequence is compressed after its last step; step k >= 1 is the
   // k-th next decode step's high point. The new sequence's prefill comes before step 1.
   for (int64_t id : running_) {
     const SeqState& r = *seqs_.at(id);
-    if (!trigger || UniformHeadTrigger(r.policy_config) != trigger) {
+    if (!trigger || BudgetTrigger(r.policy_config) != trigger) {
       const int64_t c = std::max<int64_t>(BKV_CHECK_VALUE(bm_->NumBlocksOf(id)), r.peak_blocks);
       for (int64_t& d : demand) d += c;
       continue;
     }
     BKV_CHECK(bm_->RetainedTokensOfHeads(id, absl::MakeSpan(heads)).ok());
-    AddBlockDemand(r.policy_config, shape.block_size, {heads, false, DecodeStepsLeft(r)},
+    AddBlockDemand(r.policy_config, shape, {heads, false, DecodeStepsLeft(r)},
                    absl::MakeSpan(demand));
   }
   if (trigger) {
     std::fill(heads.begin(), heads.end(), static_cast<int32_t>(prefill_len));
-    AddBlockDemand(s.policy_config, shape.block_size, {heads, false, DecodeStepsLeft(s)},
+    AddBlockDemand(s.policy_config, shape, {heads, false, DecodeStepsLeft(s)},
                    absl::MakeSpan(demand));
   } else {
     for (int64_t& d : demand) d += PromptBlocks(prefill_len);

@@ -119,12 +119,12 @@ class Engine {
   bool Accept(SeqState& s, absl::Span<const float> logits);
   void Finish(int64_t id, std::vector<RequestOutput>* finished);
   int32_t PromptBlocks(int64_t tokens) const;
-  // Most device blocks `s` holds once prefilled with `prefill_len` tokens (the policy's
-  // PeakHeadTokens, capped by the request's end in every head); -1 when unbounded.
+  // Most device blocks `s` holds once prefilled with `prefill_len` tokens (core PeakBlocks,
+  // capped by the request's end); -1 when unbounded.
   int32_t PeakBlocks(const SeqState& s, int64_t prefill_len) const;
   // Reservation admission (kReserve, others running; no swapped sequence waits): whether `s`,
   // prefilled with `prefill_len` tokens, fits beside the running sequences at every coming
-  // step. Sequences under s's per-head trigger follow their heads' cycles (AddBlockDemand), so
+  // step. Sequences under s's budget trigger follow their heads' cycles (AddBlockDemand), so
   // their peaks need not coincide; any other running sequence counts at its peak every step
   // (at what it holds when unbounded), an upper bound of its own path.
   bool ReservationFits(const SeqState& s, int64_t prefill_len) const;

@@ -15,9 +15,10 @@ namespace beaconkv {
 enum class PreemptionMode { kRecompute, kSwap };
 
 // kOptimistic: admit a request when its prompt fits now (vLLM's rule), preempt when the pool
-// runs short. kReserve: when the policy bounds every head (PeakHeadTokens), admit a request
-// only when its peak fits beside what the admitted sequences may still grow into, so such
-// policies never preempt; unbounded policies (full, pooled, rpc) stay optimistic.
+// runs short. kReserve: when the policy has a budget trigger (core PeakBlocks: uniform or
+// pooled budgets), admit a request only when its peak fits beside what the admitted sequences
+// may still grow into, so such policies never preempt; unbounded policies (full, rpc) stay
+// optimistic.
 enum class AdmissionMode { kOptimistic, kReserve };
 
 // Where a compression event's scoring and selection run. kHost: the policy's own Compress

@@ -20,9 +20,10 @@ Usage: python3 tools/vllm_sweep.py [--memories-mib 9,12,16] [--policies beacon:9
        [--rounds 2] [--first-round 1] [--num-prompts 128] [--layout single] [--disable-detokenize]
        [--out DIR] [--table-only] [--dry-run]
 Policy specs are NAME[:BUDGET[:INTERVAL[:KNOB=VALUE+KNOB=VALUE...]]] (``stock`` runs in every
-round anyway), e.g. ``beacon:112:16:draw_on_fill=true``; the knob ``block_tokens=N`` is
-not the policy's but the pool's block size (the bench's ``--block-tokens``, default 8; 16 before 2026-12-04, so older OUT folders'
-labels without it mean 16: each JSON records ``kv_block_tokens``).
+round anyway), e.g. ``beacon:112:16:draw_on_fill=true``; two knobs are not the policy's but
+the pool's: ``block_tokens=N``, its block size (the bench's ``--block-tokens``, default 8; 16
+before 2026-12-04, so older OUT folders' labels without it mean 16: each JSON records
+``kv_block_tokens``), and ``admission=reserve|optimistic`` (the bench's ``--admission``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
-BLOCK_TOKENS = "block_tokens"  # the spec knob that sets the pool's block size, not the policy's
+# Spec knobs that set the pool rather than the policy: the bench flag each becomes.
+POOL_KNOBS = {"block_tokens": "--block-tokens", "admission": "--admission"}
 
 
 def parse_spec(spec: str) -> tuple[str, int | None, int | None, tuple[str, ...]]:
@@ -80,7 +82,7 @@ def bench_command(python: str, spec, memory_mib: int, args, out_json: str) -> li
         cmd += ["--knob", f"interval={interval}"]
     for k in knobs:
         name, value = k.split("=")
-        cmd += ["--block-tokens", value] if name == BLOCK_TOKENS else ["--knob", k]
+        cmd += [POOL_KNOBS[name], value] if name in POOL_KNOBS else ["--knob", k]
     if args.disable_detokenize:
         cmd.append("--disable-detokenize")  # vLLM's harness flag: outputs stay token ids
     return cmd

@@ -107,28 +107,36 @@ TEST(EngineTest, RecomputeIsExactForTheFullCache) {
   EXPECT_EQ(Tokens(squeezed), Tokens(free));
 }
 
-// Reservation admission: with a policy that bounds every head, a request is admitted only
-// when its peak fits, so a pool too small for everyone at once runs without any preemption,
-// never holds more than it has, and (batch-invariant path) produces the same tokens.
+// Reservation admission: with a policy that has a budget trigger (uniform or pooled budgets),
+// a request is admitted only when its peak fits, so a pool too small for everyone at once runs
+// without any preemption, never holds more than it has, and (batch-invariant path) produces
+// the same tokens.
 TEST(EngineTest, ReservationAdmitsBoundedPoliciesWithoutPreemption) {
   EngineConfig c;
   c.block_size = 4;
-  c.policy = SmallBeacon();
-  EngineStats free_stats;
-  const auto free = RunAll(c, 60, &free_stats);
-  c.num_blocks = 1 + free_stats.peak_used_blocks / 2;
-  for (PreemptionMode mode : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
-    c.preemption = mode;
+  for (BudgetMode budget_mode : {BudgetMode::kUniform, BudgetMode::kPooled}) {
+    SCOPED_TRACE(budget_mode == BudgetMode::kPooled ? "pooled" : "uniform");
+    BeaconConfig b = SmallBeacon();
+    b.budget_mode = budget_mode;
+    c.policy = b;
+    c.num_blocks = EngineConfig{}.num_blocks;
     c.admission = AdmissionMode::kOptimistic;
-    EngineStats optimistic;
-    EXPECT_EQ(Tokens(RunAll(c, 60, &optimistic)), Tokens(free));
-    EXPECT_GT(optimistic.preemptions_swap + optimistic.preemptions_recompute, 0);
-    c.admission = AdmissionMode::kReserve;
-    EngineStats reserved;
-    EXPECT_EQ(Tokens(RunAll(c, 60, &reserved)), Tokens(free));
-    EXPECT_EQ(reserved.preemptions_swap + reserved.preemptions_recompute, 0);
-    EXPECT_GT(reserved.peak_running, 1);
-    EXPECT_LE(reserved.peak_used_blocks, c.num_blocks - 1);
+    EngineStats free_stats;
+    const auto free = RunAll(c, 60, &free_stats);
+    c.num_blocks = 1 + free_stats.peak_used_blocks / 2;
+    for (PreemptionMode mode : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
+      c.preemption = mode;
+      c.admission = AdmissionMode::kOptimistic;
+      EngineStats optimistic;
+      EXPECT_EQ(Tokens(RunAll(c, 60, &optimistic)), Tokens(free));
+      EXPECT_GT(optimistic.preemptions_swap + optimistic.preemptions_recompute, 0);
+      c.admission = AdmissionMode::kReserve;
+      EngineStats reserved;
+      EXPECT_EQ(Tokens(RunAll(c, 60, &reserved)), Tokens(free));
+      EXPECT_EQ(reserved.preemptions_swap + reserved.preemptions_recompute, 0);
+      EXPECT_GT(reserved.peak_running, 1);
+      EXPECT_LE(reserved.peak_used_blocks, c.num_blocks - 1);
+    }
   }
   // An unbounded policy (full) keeps the optimistic rule under kReserve.
   c.policy = FullConfig{};

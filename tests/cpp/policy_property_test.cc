@@ -365,10 +365,12 @@ TEST(PolicyStateTest, UniformTriggerAndArgumentChecks) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// PeakHeadTokens: max(prompt + 1, budget + interval) for every policy with a per-head trigger;
-// none where a head has no bound of its own. (tests/python/test_vllm_cache.py drives a pool
-// and checks that heads reach the bound and never pass it.)
-TEST(PeakHeadTokensTest, PerHeadBoundOrNone) {
+// PeakBlocks: max(prefill + 1, budget + interval) tokens in every head, capped by the
+// sequence's end, for every policy with a uniform budget trigger; none where a head has no
+// cycle. (tests/python/test_vllm_cache.py drives a pool and checks that heads reach the bound
+// and never pass it.)
+TEST(PeakBlocksTest, EveryHeadsCycleOrNone) {
+  const KvShape shape{.num_layers = 2, .num_kv_heads = 3, .head_dim = 8, .block_size = 4};
   for (const std::string& name : PolicyNames()) {
     SCOPED_TRACE(name);
     const PolicyConfig c = SmallConfig(name);
@@ -376,17 +378,38 @@ TEST(PeakHeadTokensTest, PerHeadBoundOrNone) {
         [&](const auto& cfg) {
           using T = std::decay_t<decltype(cfg)>;
           if constexpr (std::is_same_v<T, FullConfig> || std::is_same_v<T, RpcConfig>) {
-            EXPECT_EQ(PeakHeadTokens(c, 5), std::nullopt);
+            EXPECT_EQ(PeakBlocks(c, shape, 5, 1000), std::nullopt);
+            EXPECT_EQ(BudgetTrigger(c), std::nullopt);
           } else {
-            EXPECT_EQ(PeakHeadTokens(c, 5), int64_t{cfg.budget} + cfg.interval);
-            EXPECT_EQ(PeakHeadTokens(c, 400), 401);
+            EXPECT_EQ(BudgetTrigger(c), (HeadTrigger{cfg.budget, cfg.interval, false}));
+            EXPECT_EQ(PeakBlocks(c, shape, 5, 1000),
+                      6 * shape.BlocksFor(cfg.budget + cfg.interval));
+            EXPECT_EQ(PeakBlocks(c, shape, 400, 1000), 6 * shape.BlocksFor(401));
+            EXPECT_EQ(PeakBlocks(c, shape, 5, 7), 6 * 2);  // ends at 7 tokens
           }
         },
         c);
   }
-  BeaconConfig pooled = std::get<BeaconConfig>(SmallConfig("beacon"));
-  pooled.budget_mode = BudgetMode::kPooled;
-  EXPECT_EQ(PeakHeadTokens(pooled, 5), std::nullopt);
+}
+
+// Pooled budgets: a layer's heads hold budget + interval per head together, split any way, so
+// a layer takes at most its tokens' blocks plus one partial block per head (worked by hand).
+TEST(PeakBlocksTest, PooledBoundsEachLayer) {
+  const KvShape shape{.num_layers = 2, .num_kv_heads = 3, .head_dim = 8, .block_size = 4};
+  BeaconConfig c;
+  c.budget = 8;
+  c.interval = 4;
+  c.budget_mode = BudgetMode::kPooled;
+  EXPECT_EQ(BudgetTrigger(c), (HeadTrigger{8, 4, true}));
+  // 36 tokens per layer: 9 full blocks, plus up to one partial block in 2 of the 3 heads
+  // ((36 + 3 * 3) / 4 = 11), against 3 * 3 = 9 when every head holds 12.
+  EXPECT_EQ(PeakBlocks(c, shape, 5, 1000), 2 * 11);
+  // Ends at 7 tokens: no head holds more than 7 (2 blocks each), which is below the split's 7.
+  EXPECT_EQ(PeakBlocks(c, shape, 5, 7), 2 * 6);
+  // A prefill over the trigger: 21 tokens in every head (6 blocks each) before the first
+  // compression, then cycles of at most 11.
+  EXPECT_EQ(PeakBlocks(c, shape, 20, 1000), 2 * 18);
+  EXPECT_EQ(PeakBlocks(c, shape, 40, 1000), 2 * 3 * 11);
 }
 
 // AddBlockDemand, worked by hand: budget 2, interval 2, blocks of one token (blocks = tokens).
@@ -396,52 +419,169 @@ TEST(BlockDemandTest, FollowsEachHeadsCycleUntilTheSequenceEnds) {
   c.interval = 2;
   ASSERT_EQ(BlockDemandHorizon(c), 7);  // steps 0 .. budget + 2 * interval
   std::vector<int64_t> demand(7, 0);
+  const KvShape one{.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 1};
+  const KvShape two{.num_layers = 1, .num_kv_heads = 2, .head_dim = 8, .block_size = 1};
   const std::vector<int32_t> three = {3};
   // 3 now; 4 after the next append (due: back to 2), 3, 4, ...; nothing after 5 more steps.
-  ASSERT_TRUE(AddBlockDemand(c, 1, {three, false, 5}, absl::MakeSpan(demand)));
+  ASSERT_TRUE(AddBlockDemand(c, one, {three, false, 5}, absl::MakeSpan(demand)));
   EXPECT_EQ(demand, (std::vector<int64_t>{3, 4, 3, 4, 3, 4, 0}));
   // A head at its trigger on a decode step is compressed before the next append.
   const std::vector<int32_t> four_and_one = {4, 1};
   std::fill(demand.begin(), demand.end(), 0);
-  ASSERT_TRUE(AddBlockDemand(c, 1, {four_and_one, true, 100}, absl::MakeSpan(demand)));
+  ASSERT_TRUE(AddBlockDemand(c, two, {four_and_one, true, 100}, absl::MakeSpan(demand)));
   // head 4: 4, 3, 4, 3, ...; head 1 ramps 2, 3, 4, then cycles 3, 4, ...
   EXPECT_EQ(demand, (std::vector<int64_t>{5, 5, 7, 7, 7, 7, 7}));
   // Not on a decode step (a prefill): head 4 first grows to 5, then cycles 3, 4, ... in the
   // other phase, so the two heads' highs now fall on the same steps.
   std::fill(demand.begin(), demand.end(), 0);
-  ASSERT_TRUE(AddBlockDemand(c, 1, {four_and_one, false, 100}, absl::MakeSpan(demand)));
+  ASSERT_TRUE(AddBlockDemand(c, two, {four_and_one, false, 100}, absl::MakeSpan(demand)));
   EXPECT_EQ(demand, (std::vector<int64_t>{5, 7, 6, 8, 6, 8, 6}));
   // Blocks of 2 tokens round each head up.
   std::fill(demand.begin(), demand.end(), 0);
-  ASSERT_TRUE(AddBlockDemand(c, 2, {three, false, 2}, absl::MakeSpan(demand)));
+  ASSERT_TRUE(AddBlockDemand(c,
+                             {.num_layers = 1, .num_kv_heads = 1, .head_dim = 8, .block_size = 2},
+                             {three, false, 2}, absl::MakeSpan(demand)));
   EXPECT_EQ(demand, (std::vector<int64_t>{2, 2, 2, 0, 0, 0, 0}));
   // No per-head trigger: nothing to add.
   std::fill(demand.begin(), demand.end(), 0);
-  EXPECT_FALSE(AddBlockDemand(FullConfig{}, 1, {three, false, 5}, absl::MakeSpan(demand)));
+  EXPECT_FALSE(AddBlockDemand(FullConfig{}, one, {three, false, 5}, absl::MakeSpan(demand)));
   EXPECT_EQ(demand, std::vector<int64_t>(7, 0));
   EXPECT_EQ(BlockDemandHorizon(FullConfig{}), std::nullopt);
 }
 
-// The horizon holds the maximum of any mix of sequences over all time (here 3,000 steps).
+// Pooled budgets, worked by hand: budget 2, interval 2, one layer of two heads, so the layer
+// compresses back to 4 tokens once it holds 8.
+TEST(BlockDemandTest, PooledFollowsEachLayersCycle) {
+  BeaconConfig c;
+  c.budget = 2;
+  c.interval = 2;
+  c.budget_mode = BudgetMode::kPooled;
+  std::vector<int64_t> demand(7, 0);
+  const std::vector<int32_t> three_and_five = {3, 5};
+  // Blocks of one token: the layer's tokens, 8 now, 10, then 4 + 2, 8, 6, 8, ...
+  const KvShape ones{.num_layers = 1, .num_kv_heads = 2, .head_dim = 8, .block_size = 1};
+  ASSERT_TRUE(AddBlockDemand(c, ones, {three_and_five, false, 100}, absl::MakeSpan(demand)));
+  EXPECT_EQ(demand, (std::vector<int64_t>{8, 10, 6, 8, 6, 8, 6}));
+  // On a decode step the layer at its trigger compresses before the next append.
+  std::fill(demand.begin(), demand.end(), 0);
+  ASSERT_TRUE(AddBlockDemand(c, ones, {three_and_five, true, 100}, absl::MakeSpan(demand)));
+  EXPECT_EQ(demand, (std::vector<int64_t>{8, 6, 8, 6, 8, 6, 8}));
+  // Blocks of two: exact while each head's tokens are known ({3, 5}: 2 + 3; {4, 6}: 2 + 3),
+  // then the layer's tokens plus a partial block per head: 6 -> (6 + 2) / 2 = 4, 8 -> 5.
+  std::fill(demand.begin(), demand.end(), 0);
+  const KvShape twos{.num_layers = 1, .num_kv_heads = 2, .head_dim = 8, .block_size = 2};
+  ASSERT_TRUE(AddBlockDemand(c, twos, {three_and_five, false, 100}, absl::MakeSpan(demand)));
+  EXPECT_EQ(demand, (std::vector<int64_t>{5, 5, 4, 5, 4, 5, 4}));
+  // Two layers are two cycles: the second layer ({1, 1}) ramps 2, 4, 6, then compresses at 8.
+  std::fill(demand.begin(), demand.end(), 0);
+  const KvShape two_layers{.num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 1};
+  const std::vector<int32_t> layers = {3, 5, 1, 1};
+  ASSERT_TRUE(AddBlockDemand(c, two_layers, {layers, false, 4}, absl::MakeSpan(demand)));
+  EXPECT_EQ(demand, (std::vector<int64_t>{8 + 2, 10 + 4, 6 + 6, 8 + 8, 6 + 6, 0, 0}));
+}
+
+// Pooled budgets against a simulation in which every compression splits the layer's budget
+// among its heads at random: the demand bounds the blocks at every step and is exact until
+// the layer's first compression.
+TEST(BlockDemandTest, PooledBoundsAnySplit) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    BeaconConfig c;
+    c.budget = 1 + static_cast<int32_t>(rng() % 30);
+    c.interval = 1 + static_cast<int32_t>(rng() % 12);
+    c.budget_mode = BudgetMode::kPooled;
+    const KvShape shape{.num_layers = 1 + static_cast<int32_t>(rng() % 3),
+                        .num_kv_heads = 1 + static_cast<int32_t>(rng() % 4),
+                        .head_dim = 8,
+                        .block_size = 1 + static_cast<int32_t>(rng() % 8)};
+    const int32_t h = shape.num_kv_heads;
+    std::vector<int32_t> heads(shape.num_heads_total());
+    for (int32_t& n : heads) n = static_cast<int32_t>(rng() % (2 * (c.budget + c.interval)));
+    const bool compresses_now = rng() % 2 == 0;
+    const int64_t steps_left = rng() % 80;
+    std::vector<int64_t> demand(60, 0);
+    ASSERT_TRUE(
+        AddBlockDemand(c, shape, {heads, compresses_now, steps_left}, absl::MakeSpan(demand)));
+    std::vector<int64_t> held(heads.begin(), heads.end());
+    std::vector<bool> split_known(shape.num_layers, true);
+    auto compress = [&](int32_t layer) {
+      int64_t total = 0;
+      for (int32_t g = 0; g < h; ++g) total += held[layer * h + g];
+      if (total < int64_t{c.budget + c.interval} * h) return;
+      int64_t left = int64_t{c.budget} * h;  // split at random, every head at least one token
+      for (int32_t g = 0; g < h; ++g) {
+        const int64_t rest = h - 1 - g;
+        const int64_t n = g + 1 == h ? left : 1 + static_cast<int64_t>(rng() % (left - rest));
+        held[layer * h + g] = n;
+        left -= n;
+      }
+      split_known[layer] = false;
+    };
+    auto blocks = [&](int32_t layer) {
+      int64_t b = 0;
+      for (int32_t g = 0; g < h; ++g) b += shape.BlocksFor(held[layer * h + g]);
+      return b;
+    };
+    for (int64_t k = 0; k < static_cast<int64_t>(demand.size()); ++k) {
+      if (k > steps_left) {
+        EXPECT_EQ(demand[k], 0) << "step " << k;
+        continue;
+      }
+      if (k > 0) {
+        for (int64_t& n : held) ++n;
+      }
+      int64_t actual = 0;
+      bool exact = true;
+      for (int32_t l = 0; l < shape.num_layers; ++l) {
+        actual += blocks(l);
+        exact = exact && split_known[l];
+      }
+      if (exact) {
+        EXPECT_EQ(demand[k], actual) << "trial " << trial << " step " << k;
+      } else {
+        EXPECT_GE(demand[k], actual) << "trial " << trial << " step " << k;
+      }
+      if (k > 0 || compresses_now) {
+        for (int32_t l = 0; l < shape.num_layers; ++l) compress(l);
+      }
+    }
+    // PeakBlocks bounds the same sequence from its prefill.
+    const int32_t prefill = 1 + static_cast<int32_t>(rng() % 50);
+    const std::optional<int64_t> peak = PeakBlocks(c, shape, prefill, 1000);
+    ASSERT_TRUE(peak.has_value());
+    std::vector<int32_t> fresh(shape.num_heads_total(), prefill);
+    std::vector<int64_t> from_prefill(200, 0);
+    ASSERT_TRUE(AddBlockDemand(c, shape, {fresh, false, 1000}, absl::MakeSpan(from_prefill)));
+    EXPECT_EQ(*std::max_element(from_prefill.begin(), from_prefill.end()), *peak)
+        << "trial " << trial;
+  }
+}
+
+// The horizon holds the maximum of any mix of sequences over all time (here 3,000 steps),
+// under uniform and pooled budgets.
 TEST(BlockDemandTest, HorizonHoldsTheMaximumOverAllTime) {
   std::mt19937 rng(7);
-  for (int trial = 0; trial < 200; ++trial) {
+  for (int trial = 0; trial < 400; ++trial) {
     BeaconConfig c;
     c.budget = 1 + static_cast<int32_t>(rng() % 40);
     c.interval = 1 + static_cast<int32_t>(rng() % 20);
-    const int32_t bs = 1 + static_cast<int32_t>(rng() % 8);
+    c.budget_mode = trial % 2 == 0 ? BudgetMode::kUniform : BudgetMode::kPooled;
+    const KvShape shape{.num_layers = 1 + static_cast<int32_t>(rng() % 2),
+                        .num_kv_heads = 1 + static_cast<int32_t>(rng() % 3),
+                        .head_dim = 8,
+                        .block_size = 1 + static_cast<int32_t>(rng() % 8)};
     std::vector<int64_t> demand(3000, 0);
     const int n = 1 + static_cast<int>(rng() % 6);
     for (int i = 0; i < n; ++i) {
-      std::vector<int32_t> heads(1 + rng() % 4);
+      std::vector<int32_t> heads(shape.num_heads_total());
       for (int32_t& h : heads) h = static_cast<int32_t>(rng() % (3 * (c.budget + c.interval)));
-      ASSERT_TRUE(AddBlockDemand(c, bs, {heads, rng() % 2 == 0, int64_t(rng() % 400)},
+      ASSERT_TRUE(AddBlockDemand(c, shape, {heads, rng() % 2 == 0, int64_t(rng() % 400)},
                                  absl::MakeSpan(demand)));
     }
     const int64_t h = *BlockDemandHorizon(c);
     EXPECT_EQ(*std::max_element(demand.begin(), demand.begin() + h),
               *std::max_element(demand.begin(), demand.end()))
-        << "budget " << c.budget << " interval " << c.interval << " block " << bs;
+        << "budget " << c.budget << " interval " << c.interval << " block " << shape.block_size;
   }
 }
 

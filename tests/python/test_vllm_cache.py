@@ -118,12 +118,12 @@ def test_beacon_compression_frees_blocks_and_keeps_the_pool_intact():
                         np.zeros((1, HKV, D), np.float32), np.zeros((1, H, D), np.float32), 1.0)
 
 
-def _small_beacon(budget=8, interval=4):
+def _small_beacon(budget=8, interval=4, budget_mode="uniform"):
     """A small beacon whose pool needs no token ids (the count bias, tested on its own below,
     changes the attention, not what these tests count)."""
     return beaconkv.policy_config("beacon", budget=budget, interval=interval, n_recent=2,
                                   n_sinks=1, n_beacons=2, buffer_min=4, buffer_max=8,
-                                  count_bias=False)
+                                  budget_mode=budget_mode, count_bias=False)
 
 
 def _forward(cache, rng, rows, total):
@@ -158,10 +158,10 @@ def test_peak_blocks_bound_what_a_head_holds():
     full = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200)
     assert full.peak_blocks(3, 1000) is None
     assert full.block_demand() == []                      # nothing to follow without a trigger
-    pooled = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200, policy=beaconkv.policy_config(
-        "beacon", budget=budget, interval=interval, n_recent=2, n_sinks=1, n_beacons=2,
-        buffer_min=4, buffer_max=8, budget_mode="pooled", count_bias=False), rope_theta=1e4)
-    assert pooled.peak_blocks(3, 1000) is None
+    pooled = beaconkv.VllmKvCache(L, HKV, H, D, bs, 200,
+                                  policy=_small_beacon(budget, interval, "pooled"), rope_theta=1e4)
+    # Pooled: a layer's two heads hold 24 tokens together, split any way: (24 + 2 * 3) // 4.
+    assert pooled.peak_blocks(3, 1000) == L * 7
     with pytest.raises(ValueError, match="unknown sequence 5"):
         cache.reserve(5, 10)
     # A prefill in chunks: the rest of its 6 tokens may come at the next step, so the demand
@@ -174,12 +174,16 @@ def test_peak_blocks_bound_what_a_head_holds():
         cache.admits(-1, 10, 1)
 
 
-def test_block_demand_is_what_the_pool_then_holds():
+@pytest.mark.parametrize("budget_mode", ["uniform", "pooled"])
+def test_block_demand_is_what_the_pool_then_holds(budget_mode):
     """The demand the pool predicts for each coming step (every head along its policy's cycle,
-    each sequence up to its end) is exactly the blocks in use at that step's high point."""
+    each sequence up to its end) is exactly the blocks in use at that step's high point; with
+    pooled budgets, where a compression splits a layer's tokens among its heads as the scores
+    say, at least those blocks and at most one partial block per head more."""
     rng = np.random.default_rng(9)
     budget, interval, bs = 8, 4, 2
-    cache = beaconkv.VllmKvCache(L, HKV, H, D, bs, 400, policy=_small_beacon(budget, interval),
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, bs, 400,
+                                 policy=_small_beacon(budget, interval, budget_mode),
                                  rope_theta=1e4, observe=True)
     ends = {1: 70, 2: 31, 3: 1000, 4: 40}  # max total tokens of each sequence
     starts = {1: (0, 3), 2: (2, 5), 3: (5, 15), 4: (9, 1)}  # step admitted, prompt tokens
@@ -207,22 +211,31 @@ def test_block_demand_is_what_the_pool_then_holds():
     assert len(demand) == budget + 2 * interval + 1
     assert demand[0] == cache.num_used_blocks
     highs = [run(step) for step in range(17, 17 + len(demand) - 1)]
-    assert highs == demand[1:]
+    if budget_mode == "uniform":
+        assert highs == demand[1:]
+    else:
+        slack = [d - h for d, h in zip(demand[1:], highs)]
+        assert min(slack) >= 0 and max(slack) <= len(starts) * L * (HKV - 1), slack
+        assert max(slack) > 0  # the compressions split some layer unevenly
     assert 0 < min(highs) < max(highs)  # sequence 2 ended inside the horizon; heads cycled
     cache.verify_integrity()
 
 
-def test_admission_by_future_high_point_fits_more_and_never_runs_out():
+@pytest.mark.parametrize("budget_mode", ["uniform", "pooled"])
+def test_admission_by_future_high_point_fits_more_and_never_runs_out(budget_mode):
     """Admitting a request when the pool's future high point fits (admits) holds more
     sequences at once than reserving every sequence's peak, and no step runs out of room."""
     rng = np.random.default_rng(3)
     budget, interval, bs = 8, 8, 4
     num_blocks = 60
     cache = beaconkv.VllmKvCache(L, HKV, H, D, bs, num_blocks,
-                                 policy=_small_beacon(budget, interval), rope_theta=1e4,
-                                 observe=True)
+                                 policy=_small_beacon(budget, interval, budget_mode),
+                                 rope_theta=1e4, observe=True)
     prompt, length = 4, 60
-    peak = cache.peak_blocks(prompt, length)  # 16 tokens per head: 4 blocks x 4 heads
+    # 16 tokens per head: 4 blocks x 4 heads; pooled, a layer's 32 tokens split any way take
+    # at most (32 + 2 * 3) // 4 = 9 blocks.
+    peak = cache.peak_blocks(prompt, length)
+    assert peak == (16 if budget_mode == "uniform" else 18)
     by_peaks = cache.num_usable_blocks // peak
     waiting, running, total, most, seq = 40, [], {}, 0, 0
     while waiting or running:

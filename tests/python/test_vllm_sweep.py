@@ -41,6 +41,10 @@ def test_policy_specs():
     cmd = sweep.bench_command("py", spec, 6, args, "o")
     assert cmd[cmd.index("--block-tokens") + 1] == "8"  # the pool's, not a policy knob
     assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--knob"] == ["interval=16"]
+    cmd = sweep.bench_command("py", sweep.parse_spec("beacon-pooled:96:32:admission=optimistic"),
+                              6, args, "o")
+    assert cmd[cmd.index("--admission") + 1] == "optimistic"  # the pool's too
+    assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--knob"] == ["interval=32"]
     for bad in ["", ":96", "beacon:x", "beacon:96:32:1", "beacon:0", "beacon:96:32:a=1:b=2",
                 "beacon:96:32:=1", "beacon:96:32:a=1+b"]:
         with pytest.raises(ValueError, match="policy spec"):

@@ -69,12 +69,12 @@ class BeaconState:
 
     def admits(self, prefill_len: int, max_total: int, num_tokens: int) -> bool | None:
         """Admission of a new (or recomputed) sequence that asks for `num_tokens` now.
-        With reservation (the default) and a policy that bounds every head: whether it fits
+        With reservation (the default) and a policy with a budget trigger: whether it fits
         now and at every coming step beside the admitted sequences, each head following its
         policy's cycle (the pool's future high point, not the sum of every sequence's peak);
         the caller then reserves it (`reserve`). None when there is nothing to reserve
-        (optimistic admission, or an unbounded policy): room for `num_tokens` alone decides,
-        as in vLLM."""
+        (optimistic admission, or a policy without a budget trigger: full, rpc): room for
+        `num_tokens` alone decides, as in vLLM."""
         if self.cfg.admission != "reserve":
             return None
         if self.cache.peak_blocks(prefill_len, max_total) is None:
