@@ -169,11 +169,14 @@ std::optional<HeadTrigger> BudgetTrigger(const PolicyConfig& config) {
         if constexpr (std::is_same_v<C, FullConfig> || std::is_same_v<C, RpcConfig>) {
           return std::nullopt;
         } else {
-          bool pooled = false;
+          HeadTrigger t{c.budget, c.interval, false, {}};
           if constexpr (requires { c.budget_mode; }) {
-            pooled = c.budget_mode == BudgetMode::kPooled;
+            t.pooled = c.budget_mode == BudgetMode::kPooled;
           }
-          return HeadTrigger{c.budget, c.interval, pooled};
+          if constexpr (requires { c.layer_budget_offsets; }) {
+            t.layer_offsets = c.layer_budget_offsets;
+          }
+          return t;
         }
       },
       config);
@@ -196,42 +199,50 @@ std::optional<int64_t> PeakBlocks(const PolicyConfig& config, const KvShape& sha
   // follows the prefill. No head holds more tokens than the sequence has.
   const int64_t cap = std::max<int64_t>(max_total, prefill_len);
   const int64_t first = std::min<int64_t>(cap, int64_t{prefill_len} + 1);
-  const int64_t due = std::min<int64_t>(cap, t->budget + t->interval);
   const int64_t h = shape.num_kv_heads;
-  if (!t->pooled) return int64_t{shape.num_heads_total()} * shape.BlocksFor(std::max(first, due));
-  // The prefill and its first decode token are in every head alike; after a compression the
-  // layer's heads hold up to `due` each together, split any way, none more than `cap`.
-  const int64_t cycle =
-      std::min<int64_t>(h * shape.BlocksFor(cap), SplitBlocks(h * due, h, shape.block_size));
-  return int64_t{shape.num_layers} * std::max<int64_t>(h * shape.BlocksFor(first), cycle);
+  int64_t blocks = 0;
+  for (int32_t l = 0; l < shape.num_layers; ++l) {
+    const int64_t due = std::min<int64_t>(cap, t->BudgetOf(l) + t->interval);
+    if (!t->pooled) {
+      blocks += h * shape.BlocksFor(std::max(first, due));
+      continue;
+    }
+    // The prefill and its first decode token are in every head alike; after a compression
+    // the layer's heads hold up to `due` each together, split any way, none more than `cap`.
+    const int64_t cycle =
+        std::min<int64_t>(h * shape.BlocksFor(cap), SplitBlocks(h * due, h, shape.block_size));
+    blocks += std::max<int64_t>(h * shape.BlocksFor(first), cycle);
+  }
+  return blocks;
 }
 
 bool AddBlockDemand(const PolicyConfig& config, const KvShape& shape, const HeadOutlook& seq,
                     absl::Span<int64_t> demand) {
   const std::optional<HeadTrigger> t = BudgetTrigger(config);
   if (!t || demand.empty()) return t.has_value();
-  const int64_t bs = shape.block_size, due = t->budget + t->interval;
+  const int64_t bs = shape.block_size, h = shape.num_kv_heads;
   const int64_t last = std::min<int64_t>(static_cast<int64_t>(demand.size()) - 1,
                                          std::max<int64_t>(0, seq.steps_left));
-  if (!t->pooled) {
-    for (const int32_t held : seq.head_tokens) {
-      int64_t c = held;
-      demand[0] += (c + bs - 1) / bs;
-      if (seq.compresses_now && c >= due) c = t->budget;
-      for (int64_t k = 1; k <= last; ++k) {
-        ++c;
-        demand[k] += (c + bs - 1) / bs;
-        if (c >= due) c = t->budget;
-      }
-    }
-    return true;
-  }
-  // Pooled: each layer's heads advance together and compress together once the layer holds
-  // due * h tokens; after a compression only the layer's total is known.
-  const int64_t h = shape.num_kv_heads;
   BKV_CHECK(h > 0 && static_cast<int64_t>(seq.head_tokens.size()) % h == 0);
   for (size_t first = 0; first < seq.head_tokens.size(); first += h) {
     const absl::Span<const int32_t> layer = seq.head_tokens.subspan(first, h);
+    const int64_t budget = t->BudgetOf(static_cast<int32_t>(first / h));
+    const int64_t due = budget + t->interval;
+    if (!t->pooled) {
+      for (const int32_t held : layer) {
+        int64_t c = held;
+        demand[0] += (c + bs - 1) / bs;
+        if (seq.compresses_now && c >= due) c = budget;
+        for (int64_t k = 1; k <= last; ++k) {
+          ++c;
+          demand[k] += (c + bs - 1) / bs;
+          if (c >= due) c = budget;
+        }
+      }
+      continue;
+    }
+    // Pooled: the layer's heads advance together and compress together once the layer holds
+    // due * h tokens; after a compression only the layer's total is known.
     int64_t total = 0, exact_blocks = 0;
     for (const int32_t held : layer) {
       total += held;
@@ -240,7 +251,7 @@ bool AddBlockDemand(const PolicyConfig& config, const KvShape& shape, const Head
     demand[0] += exact_blocks;
     bool split_known = true;  // every head still holds its tokens of now plus one per step
     if (seq.compresses_now && total >= due * h) {
-      total = t->budget * h;
+      total = budget * h;
       split_known = false;
     }
     for (int64_t k = 1; k <= last; ++k) {
@@ -253,7 +264,7 @@ bool AddBlockDemand(const PolicyConfig& config, const KvShape& shape, const Head
         demand[k] += SplitBlocks(total, h, bs);
       }
       if (total >= due * h) {
-        total = t->budget * h;
+        total = budget * h;
         split_known = false;
       }
     }
@@ -264,7 +275,10 @@ bool AddBlockDemand(const PolicyConfig& config, const KvShape& shape, const Head
 std::optional<int64_t> BlockDemandHorizon(const PolicyConfig& config) {
   const std::optional<HeadTrigger> t = BudgetTrigger(config);
   if (!t) return std::nullopt;
-  return t->budget + 2 * t->interval + 1;  // steps 0 .. budget + 2 * interval
+  int64_t budget = t->budget;  // the largest layer budget: every layer is in its cycle by then
+  for (size_t l = 0; l < t->layer_offsets.size(); ++l)
+    budget = std::max(budget, t->BudgetOf(static_cast<int32_t>(l)));
+  return budget + 2 * t->interval + 1;  // steps 0 .. budget + 2 * interval
 }
 
 absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,
@@ -280,6 +294,13 @@ absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& 
   if (prompt_len < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("prompt_len must be >= 0, got %d", prompt_len));
+  }
+  if (const auto* b = std::get_if<BeaconConfig>(&config);
+      b != nullptr && !b->layer_budget_offsets.empty() &&
+      static_cast<int32_t>(b->layer_budget_offsets.size()) != geometry.num_layers) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "policy beacon: layer_budget_offsets has %d entries for a model of %d layers",
+        b->layer_budget_offsets.size(), geometry.num_layers));
   }
   if (std::holds_alternative<BeaconConfig>(config) && geometry.head_dim() > kMaxFpsDim) {
     return absl::InvalidArgumentError(

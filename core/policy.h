@@ -193,12 +193,16 @@ class PolicyState {
 
 // The budget trigger of the scored and windowed policies: a head (uniform budgets) or the
 // heads of a layer together (pooled budgets, `pooled`) compressed back to `budget` tokens per
-// head once they hold budget + interval per head. nullopt for full and rpc, whose heads have
-// no such cycle (rpc's trigger grows with every compression).
+// head (plus the layer's offset, BudgetOf) once they hold that + interval per head. nullopt for
+// full and rpc, whose heads have no such cycle (rpc's trigger grows with every compression).
 struct HeadTrigger {
   int64_t budget = 0;
   int64_t interval = 1;
   bool pooled = false;
+  std::vector<int32_t> layer_offsets;  // beacon's layer_budget_offsets; empty = none
+  int64_t BudgetOf(int32_t layer) const {
+    return budget + (layer < static_cast<int32_t>(layer_offsets.size()) ? layer_offsets[layer] : 0);
+  }
   friend bool operator==(const HeadTrigger&, const HeadTrigger&) = default;
 };
 std::optional<HeadTrigger> BudgetTrigger(const PolicyConfig& config);
@@ -210,7 +214,9 @@ std::optional<HeadTrigger> BudgetTrigger(const PolicyConfig& config);
 // never more than the sequence's tokens. Uniform budgets: that many tokens in every head.
 // Pooled budgets: the heads of a layer hold that many per head together, split any way
 // among them, so each layer is bounded by its tokens plus one partial block per head.
-// nullopt without a BudgetTrigger. Admission control reserves it instead of preempting later.
+// With per-layer budgets (beacon's layer_budget_offsets) each layer's high point is added,
+// an upper bound: the layers need not peak at the same step. nullopt without a BudgetTrigger.
+// Admission control reserves it instead of preempting later.
 std::optional<int64_t> PeakBlocks(const PolicyConfig& config, const KvShape& shape,
                                   int32_t prefill_len, int64_t max_total);
 

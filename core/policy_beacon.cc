@@ -40,17 +40,17 @@ class BeaconState final : public PolicyState {
     return absl::OkStatus();
   }
 
-  std::vector<int32_t> DueHeads(int32_t, absl::Span<const int32_t> tokens) const override {
-    return DueOverBudget(config_.budget_mode, tokens, config_.budget, config_.interval);
+  std::vector<int32_t> DueHeads(int32_t layer, absl::Span<const int32_t> tokens) const override {
+    return DueOverBudget(config_.budget_mode, tokens, Budget(layer), config_.interval);
   }
 
   absl::StatusOr<std::vector<KeepSet>> Compress(int32_t layer, absl::Span<const HeadKeys> heads,
                                                 absl::Span<const int32_t> due,
                                                 int32_t current_position) override {
     return CompressScored(layer, heads, due,
-                          {config_.budget_mode, config_.budget,
+                          {config_.budget_mode, Budget(layer),
                            [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
-                             *protect = ProtectMask(ordered);
+                             *protect = ProtectMask(layer, ordered);
                            },
                            [&](int32_t h, const OrderedHead& ordered, absl::Span<uint8_t> protect,
                                absl::Span<float> scores) {
@@ -64,7 +64,8 @@ class BeaconState final : public PolicyState {
                              // The evenly spaced sample is kept first (scores are probabilities <=
                              // 1, so +2 puts it above every other token); the slots its empty
                              // strata leave go by score.
-                             for (int32_t i : CoverageFor(ordered, protect)) scores[i] += 2.0f;
+                             for (int32_t i : CoverageFor(layer, ordered, protect))
+                               scores[i] += 2.0f;
                            }});
   }
 
@@ -83,9 +84,9 @@ class BeaconState final : public PolicyState {
     shape.rope_theta = geometry_.rope.rope_theta;
     absl::StatusOr<ScoringPlan> plan = PlanScored(
         layer, heads, due,
-        {config_.budget, std::move(shape),
+        {Budget(layer), std::move(shape),
          [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
-           *protect = ProtectMask(ordered);
+           *protect = ProtectMask(layer, ordered);
          },
          [&](int32_t h, const OrderedHead& ordered, std::vector<uint8_t>* protect,
              ScoringTask* task) {
@@ -98,7 +99,7 @@ class BeaconState final : public PolicyState {
            // Compress adds 2 to the sample's scores after pooling, which puts all of it above
            // every scored token: the same set as keeping it outright beside the protected ones.
            if (IsCoverage(layer)) {
-             for (int32_t i : CoverageFor(ordered, *protect)) (*protect)[i] = 1;
+             for (int32_t i : CoverageFor(layer, ordered, *protect)) (*protect)[i] = 1;
            } else if (const int32_t slots = PromptSlots(); slots > 0) {
              // ReservePrompt's picks, as a region the scorer serves first.
              OutsidePrompt(ordered, *protect, &task->reserve);
@@ -131,6 +132,7 @@ class BeaconState final : public PolicyState {
   }
 
  private:
+  int64_t Budget(int32_t layer) const { return LayerBudget(config_, layer); }
   bool IsCoverage(int32_t layer) const { return layer < config_.coverage_layers; }
   bool Penalised(int32_t layer) const { return config_.redundancy > 0 && !IsCoverage(layer); }
 
@@ -178,12 +180,12 @@ class BeaconState final : public PolicyState {
 
   // Prompt (when it fits beside the recent window) or else the first n_sinks tokens, plus
   // the newest n_recent tokens.
-  std::vector<uint8_t> ProtectMask(const OrderedHead& ordered) const {
+  std::vector<uint8_t> ProtectMask(int32_t layer, const OrderedHead& ordered) const {
     const int32_t n = ordered.size();
     std::vector<uint8_t> protect(n, 0);
     const int32_t prompt = CountPrompt(ordered, prompt_len_);
     const bool keep_prompt =
-        config_.protect_prompt && int64_t{prompt} + config_.n_recent <= config_.budget;
+        config_.protect_prompt && int64_t{prompt} + config_.n_recent <= Budget(layer);
     const int32_t head = keep_prompt ? prompt : std::min(config_.n_sinks, n);
     for (int32_t i = 0; i < head; ++i) protect[i] = 1;
     for (int32_t i = std::max(n - config_.n_recent, 0); i < n; ++i) protect[i] = 1;
@@ -192,9 +194,9 @@ class BeaconState final : public PolicyState {
 
   // The coverage layers' evenly spaced sample of the unprotected tokens, sized to the budget
   // the protected ones leave.
-  std::vector<int32_t> CoverageFor(const OrderedHead& ordered,
+  std::vector<int32_t> CoverageFor(int32_t layer, const OrderedHead& ordered,
                                    absl::Span<const uint8_t> protect) const {
-    const int64_t free = config_.budget - std::count(protect.begin(), protect.end(), 1);
+    const int64_t free = Budget(layer) - std::count(protect.begin(), protect.end(), 1);
     return CoverageUnprotected(absl::MakeConstSpan(ordered.positions(), ordered.size()), protect,
                                free);
   }

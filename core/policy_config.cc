@@ -93,6 +93,31 @@ Knob ChoiceKnob(const char* name, E C::*field, std::vector<std::pair<E, std::str
   return k;
 }
 
+// "a/b/c" -> {a, b, c} ("" -> {}); nullopt when an item is not an int32.
+std::optional<std::vector<int32_t>> ParseIntList(const std::string& text) {
+  std::vector<int32_t> out;
+  if (text.empty()) return out;
+  for (absl::string_view item : absl::StrSplit(text, '/')) {
+    int32_t v = 0;
+    if (!absl::SimpleAtoi(item, &v)) return std::nullopt;
+    out.push_back(v);
+  }
+  return out;
+}
+
+// A list of ints, carried as its text (KnobValue's string) so that it fits a policy spec.
+template <typename C>
+Knob IntListKnob(const char* name, std::vector<int32_t> C::*field, const char* help) {
+  Knob k{{name, KnobType::kIntList, help, {}, {}, {}, {}}, {}};
+  k.access.get = [field](const PolicyConfig& c) {
+    return KnobValue(absl::StrJoin(std::get<C>(c).*field, "/"));
+  };
+  k.access.set = [field](PolicyConfig& c, const KnobValue& v) {
+    std::get<C>(c).*field = *ParseIntList(std::get<std::string>(v));
+  };
+  return k;
+}
+
 const std::vector<std::pair<Pooling, std::string>>& PoolingChoices() {
   static const auto* choices = new std::vector<std::pair<Pooling, std::string>>{
       {Pooling::kMax, "max"}, {Pooling::kAvg, "avg"}, {Pooling::kNone, "none"}};
@@ -209,7 +234,10 @@ std::vector<PolicyEntry> MakeRegistry() {
                 "each held token's logit"),
        IntKnob("prompt_slots", &B::prompt_slots, 0,
                "prompt tokens each head outside the coverage layers keeps by score ahead of "
-               "the rest, at most (budget - n_recent - n_sinks) / 8; 0 = off")}));
+               "the rest, at most (budget - n_recent - n_sinks) / 8; 0 = off"),
+       IntListKnob("layer_budget_offsets", &B::layer_budget_offsets,
+                   "per-layer budgets: one offset per layer added to budget, summing to 0, "
+                   "joined by '/' (e.g. 0/-16/16/0); empty = every layer keeps budget")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }
@@ -307,6 +335,17 @@ absl::StatusOr<KnobValue> Coerce(std::string_view policy, const KnobSpec& k,
       }
       out = *text;
       break;
+    case KnobType::kIntList: {
+      const std::optional<std::vector<int32_t>> list =
+          text ? ParseIntList(*text) : std::optional<std::vector<int32_t>>();
+      if (!list) {
+        return Invalid(policy, absl::StrFormat("knob '%s' = %s: expected integers joined by '/' "
+                                               "(e.g. \"0/-16/16/0\"), or \"\" for none",
+                                               k.name, QuotedValue(value)));
+      }
+      out = absl::StrJoin(*list, "/");
+      break;
+    }
   }
   if (k.type == KnobType::kInt || k.type == KnobType::kFloat) {
     const double v = k.type == KnobType::kInt ? static_cast<double>(std::get<int64_t>(out))
@@ -383,6 +422,8 @@ std::string_view KnobTypeName(KnobType type) {
       return "bool";
     case KnobType::kChoice:
       return "choice";
+    case KnobType::kIntList:
+      return "ints";
   }
   return "?";
 }

@@ -134,7 +134,16 @@ struct BeaconConfig {
   // leave ((budget - n_recent - n_sinks) / 8: 1 at budget 64, 4 from 84 up with the defaults).
   // 0 = off. On by default since 2026-12-05. Why: docs/results/accuracy.md, "Prompt slots".
   int32_t prompt_slots = 4;
+  // Per-layer budgets: empty (every layer keeps `budget`), or one offset per layer, summing
+  // to 0, so that layer l keeps budget + layer_budget_offsets[l] tokens per head and the
+  // layers together hold what uniform layers would (the prompt slots' cap stays that of
+  // `budget`). As a knob, offsets joined by '/', e.g. "0/-16/16/0". Why: docs/results/
+  // accuracy.md, "Per-layer budgets".
+  std::vector<int32_t> layer_budget_offsets;
 };
+
+// Layer `layer`'s budget per head under `c` (its offset added; `budget` without offsets).
+int64_t LayerBudget(const BeaconConfig& c, int32_t layer);
 
 using PolicyConfig = std::variant<FullConfig, StreamingConfig, H2OConfig, TovaConfig, SnapKvConfig,
                                   RkvConfig, RpcConfig, BeaconConfig>;
@@ -175,11 +184,12 @@ int32_t PromptSlotsInEffect(const BeaconConfig& config);
 // and every knob's type, default and range. Every entry point (the CLI, the study tools, the
 // vLLM config, the Python config classes) asks it; none keeps its own list.
 
-enum class KnobType { kInt, kFloat, kBool, kChoice };
-std::string_view KnobTypeName(KnobType type);  // "int", "float", "bool", "choice"
+enum class KnobType { kInt, kFloat, kBool, kChoice, kIntList };
+std::string_view KnobTypeName(KnobType type);  // "int", "float", "bool", "choice", "ints"
 
 // A knob value. A string given for an int, float or bool knob is text to parse ("8", "0.5",
-// "true"); for a choice knob it is the choice.
+// "true"); for a choice knob it is the choice; an int list is always its text: integers
+// joined by '/' ("0/-16/16/0"; "" = empty), the form a policy spec and a file name can carry.
 using KnobValue = std::variant<bool, int64_t, double, std::string>;
 std::string KnobValueText(const KnobValue& value);
 

@@ -69,6 +69,24 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
                                              "n_recent + n_sinks = %d",
                                              c.budget, c.n_recent + c.n_sinks));
             }
+            int64_t offsets = 0;
+            for (size_t l = 0; l < c.layer_budget_offsets.size(); ++l) {
+              offsets += c.layer_budget_offsets[l];
+              const int64_t b = LayerBudget(c, static_cast<int32_t>(l));
+              if (b < c.n_recent + c.n_sinks) {
+                return Invalid("beacon", absl::StrFormat("layer %d's budget (%d + %d = %d) is "
+                                                         "smaller than the protected tokens "
+                                                         "n_recent + n_sinks = %d",
+                                                         l, c.budget, c.layer_budget_offsets[l], b,
+                                                         c.n_recent + c.n_sinks));
+              }
+            }
+            if (offsets != 0) {
+              return Invalid("beacon",
+                             absl::StrFormat("layer_budget_offsets must sum to 0 (the layers "
+                                             "share budget x layers), got %d",
+                                             offsets));
+            }
             if (c.buffer_min >= c.buffer_max) {
               return Invalid("beacon",
                              absl::StrFormat("need 1 <= buffer_min < buffer_max, got buffer_min=%d "
@@ -95,6 +113,11 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
 int32_t CountBiasLayers(const PolicyConfig& config) {
   const BeaconConfig* b = std::get_if<BeaconConfig>(&config);
   return b != nullptr && b->count_bias ? b->coverage_layers : 0;
+}
+
+int64_t LayerBudget(const BeaconConfig& c, int32_t layer) {
+  const bool offset = layer >= 0 && layer < static_cast<int32_t>(c.layer_budget_offsets.size());
+  return int64_t{c.budget} + (offset ? c.layer_budget_offsets[layer] : 0);
 }
 
 int32_t PromptSlotsInEffect(const BeaconConfig& c) {

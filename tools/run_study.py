@@ -41,7 +41,7 @@ def default_policies() -> list[str]:
 
 def result_name(spec: str, budget: int | None, mode: str) -> str:
     """'beacon:n_recent=32,pool_kernel=3' at 64 -> 'beacon__n_recent-32__pool_kernel-3_b64'."""
-    safe = spec.replace(":", "__").replace(",", "__").replace("=", "-")
+    safe = spec.replace(":", "__").replace(",", "__").replace("=", "-").replace("/", "_")
     base = safe if spec == "full" or budget is None else f"{safe}_b{budget}"
     return base + ("_tf" if mode == "tf" else "") + ".json"
 

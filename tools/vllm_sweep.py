@@ -65,7 +65,7 @@ def parse_spec(spec: str) -> tuple[str, int | None, int | None, tuple[str, ...]]
 def label_of(spec: tuple, memory_mib: int, rnd: int) -> str:
     name, budget, interval, knobs = spec
     tag = name + (f"_b{budget}" if budget else "") + (f"_i{interval}" if interval else "")
-    tag += "".join("_" + k.replace("=", "-") for k in knobs)
+    tag += "".join("_" + k.replace("=", "-").replace("/", "_") for k in knobs)
     return f"{tag}_{memory_mib}M_r{rnd}"
 
 

@@ -107,17 +107,19 @@ TEST(EngineTest, RecomputeIsExactForTheFullCache) {
   EXPECT_EQ(Tokens(squeezed), Tokens(free));
 }
 
-// Reservation admission: with a policy that has a budget trigger (uniform or pooled budgets),
+// Reservation admission: with a policy that has a budget trigger (uniform, pooled or per-layer
+// budgets),
 // a request is admitted only when its peak fits, so a pool too small for everyone at once runs
 // without any preemption, never holds more than it has, and (batch-invariant path) produces
 // the same tokens.
 TEST(EngineTest, ReservationAdmitsBoundedPoliciesWithoutPreemption) {
   EngineConfig c;
   c.block_size = 4;
-  for (BudgetMode budget_mode : {BudgetMode::kUniform, BudgetMode::kPooled}) {
-    SCOPED_TRACE(budget_mode == BudgetMode::kPooled ? "pooled" : "uniform");
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);  // uniform, pooled, per-layer budgets (layer 0 gives 3 to layer 1)
     BeaconConfig b = SmallBeacon();
-    b.budget_mode = budget_mode;
+    if (variant == 1) b.budget_mode = BudgetMode::kPooled;
+    if (variant == 2) b.layer_budget_offsets = {-3, 3};
     c.policy = b;
     c.num_blocks = EngineConfig{}.num_blocks;
     c.admission = AdmissionMode::kOptimistic;
@@ -125,10 +127,16 @@ TEST(EngineTest, ReservationAdmitsBoundedPoliciesWithoutPreemption) {
     const auto free = RunAll(c, 60, &free_stats);
     c.num_blocks = 1 + free_stats.peak_used_blocks / 2;
     for (PreemptionMode mode : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
+      SCOPED_TRACE(mode == PreemptionMode::kSwap ? "swap" : "recompute");
       c.preemption = mode;
       c.admission = AdmissionMode::kOptimistic;
       EngineStats optimistic;
-      EXPECT_EQ(Tokens(RunAll(c, 60, &optimistic)), Tokens(free));
+      const auto squeezed = RunAll(c, 60, &optimistic);
+      // A recompute restarts the policy state, which is not exact once a head has evicted
+      // (docs/engine.md); the per-layer variant's smaller layer 0 is preempted after that.
+      if (mode == PreemptionMode::kSwap || variant < 2) {
+        EXPECT_EQ(Tokens(squeezed), Tokens(free));
+      }
       EXPECT_GT(optimistic.preemptions_swap + optimistic.preemptions_recompute, 0);
       c.admission = AdmissionMode::kReserve;
       EngineStats reserved;

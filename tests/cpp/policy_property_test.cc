@@ -381,7 +381,7 @@ TEST(PeakBlocksTest, EveryHeadsCycleOrNone) {
             EXPECT_EQ(PeakBlocks(c, shape, 5, 1000), std::nullopt);
             EXPECT_EQ(BudgetTrigger(c), std::nullopt);
           } else {
-            EXPECT_EQ(BudgetTrigger(c), (HeadTrigger{cfg.budget, cfg.interval, false}));
+            EXPECT_EQ(BudgetTrigger(c), (HeadTrigger{cfg.budget, cfg.interval, false, {}}));
             EXPECT_EQ(PeakBlocks(c, shape, 5, 1000),
                       6 * shape.BlocksFor(cfg.budget + cfg.interval));
             EXPECT_EQ(PeakBlocks(c, shape, 400, 1000), 6 * shape.BlocksFor(401));
@@ -400,7 +400,7 @@ TEST(PeakBlocksTest, PooledBoundsEachLayer) {
   c.budget = 8;
   c.interval = 4;
   c.budget_mode = BudgetMode::kPooled;
-  EXPECT_EQ(BudgetTrigger(c), (HeadTrigger{8, 4, true}));
+  EXPECT_EQ(BudgetTrigger(c), (HeadTrigger{8, 4, true, {}}));
   // 36 tokens per layer: 9 full blocks, plus up to one partial block in 2 of the 3 heads
   // ((36 + 3 * 3) / 4 = 11), against 3 * 3 = 9 when every head holds 12.
   EXPECT_EQ(PeakBlocks(c, shape, 5, 1000), 2 * 11);
@@ -410,6 +410,31 @@ TEST(PeakBlocksTest, PooledBoundsEachLayer) {
   // compression, then cycles of at most 11.
   EXPECT_EQ(PeakBlocks(c, shape, 20, 1000), 2 * 18);
   EXPECT_EQ(PeakBlocks(c, shape, 40, 1000), 2 * 3 * 11);
+}
+
+// Per-layer budgets: each layer follows its own budget + interval (worked by hand).
+TEST(PeakBlocksTest, PerLayerBudgets) {
+  const KvShape shape{.num_layers = 2, .num_kv_heads = 3, .head_dim = 8, .block_size = 4};
+  BeaconConfig c;
+  c.budget = 8;
+  c.interval = 4;
+  c.layer_budget_offsets = {-4, 4};
+  EXPECT_EQ(BudgetTrigger(c)->BudgetOf(0), 4);
+  EXPECT_EQ(BudgetTrigger(c)->BudgetOf(1), 12);
+  // Uniform: 8 tokens per head in layer 0 (2 blocks), 16 in layer 1 (4 blocks), 3 heads each.
+  EXPECT_EQ(PeakBlocks(c, shape, 5, 1000), 3 * 2 + 3 * 4);
+  // Pooled: (24 + 9) / 4 = 8 and (48 + 9) / 4 = 14.
+  c.budget_mode = BudgetMode::kPooled;
+  EXPECT_EQ(PeakBlocks(c, shape, 5, 1000), 8 + 14);
+  // One head, blocks of one token: layer 0 cycles 4 .. 8, layer 1 12 .. 16, from 10 tokens.
+  c.budget_mode = BudgetMode::kUniform;
+  const KvShape ones{.num_layers = 2, .num_kv_heads = 1, .head_dim = 8, .block_size = 1};
+  const std::vector<int32_t> ten = {10, 10};
+  std::vector<int64_t> demand(5, 0);
+  ASSERT_TRUE(AddBlockDemand(c, ones, {ten, true, 100}, absl::MakeSpan(demand)));
+  // Layer 0 is over its trigger now: 4 after this step, then 5, 6, 7, 8 -> 4; layer 1 grows.
+  EXPECT_EQ(demand, (std::vector<int64_t>{10 + 10, 5 + 11, 6 + 12, 7 + 13, 8 + 14}));
+  EXPECT_EQ(BlockDemandHorizon(c), 12 + 2 * 4 + 1);  // the largest layer budget's
 }
 
 // AddBlockDemand, worked by hand: budget 2, interval 2, blocks of one token (blocks = tokens).
@@ -495,6 +520,12 @@ TEST(BlockDemandTest, PooledBoundsAnySplit) {
                         .head_dim = 8,
                         .block_size = 1 + static_cast<int32_t>(rng() % 8)};
     const int32_t h = shape.num_kv_heads;
+    if (shape.num_layers > 1 && trial % 3 == 0) {  // per-layer budgets: layer 0 gives to layer 1
+      const int32_t x = static_cast<int32_t>(rng() % c.budget);
+      c.layer_budget_offsets.assign(shape.num_layers, 0);
+      c.layer_budget_offsets[0] = -x;
+      c.layer_budget_offsets[1] = x;
+    }
     std::vector<int32_t> heads(shape.num_heads_total());
     for (int32_t& n : heads) n = static_cast<int32_t>(rng() % (2 * (c.budget + c.interval)));
     const bool compresses_now = rng() % 2 == 0;
@@ -507,8 +538,8 @@ TEST(BlockDemandTest, PooledBoundsAnySplit) {
     auto compress = [&](int32_t layer) {
       int64_t total = 0;
       for (int32_t g = 0; g < h; ++g) total += held[layer * h + g];
-      if (total < int64_t{c.budget + c.interval} * h) return;
-      int64_t left = int64_t{c.budget} * h;  // split at random, every head at least one token
+      if (total < (LayerBudget(c, layer) + c.interval) * h) return;
+      int64_t left = LayerBudget(c, layer) * h;  // split at random, each head at least one token
       for (int32_t g = 0; g < h; ++g) {
         const int64_t rest = h - 1 - g;
         const int64_t n = g + 1 == h ? left : 1 + static_cast<int64_t>(rng() % (left - rest));
@@ -545,15 +576,21 @@ TEST(BlockDemandTest, PooledBoundsAnySplit) {
         for (int32_t l = 0; l < shape.num_layers; ++l) compress(l);
       }
     }
-    // PeakBlocks bounds the same sequence from its prefill.
+    // PeakBlocks bounds the same sequence from its prefill: exactly with one budget for every
+    // layer; with per-layer budgets it adds each layer's high point, which the layers need
+    // not reach at the same step.
     const int32_t prefill = 1 + static_cast<int32_t>(rng() % 50);
     const std::optional<int64_t> peak = PeakBlocks(c, shape, prefill, 1000);
     ASSERT_TRUE(peak.has_value());
     std::vector<int32_t> fresh(shape.num_heads_total(), prefill);
     std::vector<int64_t> from_prefill(200, 0);
     ASSERT_TRUE(AddBlockDemand(c, shape, {fresh, false, 1000}, absl::MakeSpan(from_prefill)));
-    EXPECT_EQ(*std::max_element(from_prefill.begin(), from_prefill.end()), *peak)
-        << "trial " << trial;
+    const int64_t high = *std::max_element(from_prefill.begin(), from_prefill.end());
+    if (c.layer_budget_offsets.empty()) {
+      EXPECT_EQ(high, *peak) << "trial " << trial;
+    } else {
+      EXPECT_GE(*peak, high) << "trial " << trial;
+    }
   }
 }
 
@@ -570,6 +607,10 @@ TEST(BlockDemandTest, HorizonHoldsTheMaximumOverAllTime) {
                         .num_kv_heads = 1 + static_cast<int32_t>(rng() % 3),
                         .head_dim = 8,
                         .block_size = 1 + static_cast<int32_t>(rng() % 8)};
+    if (shape.num_layers == 2 && trial % 4 < 2) {  // per-layer budgets
+      const int32_t x = static_cast<int32_t>(rng() % c.budget);
+      c.layer_budget_offsets = {x, -x};
+    }
     std::vector<int64_t> demand(3000, 0);
     const int n = 1 + static_cast<int>(rng() % 6);
     for (int i = 0; i < n; ++i) {

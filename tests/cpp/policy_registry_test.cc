@@ -4,6 +4,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/policy.h"
 #include "core/policy_config.h"
 #include "gtest/gtest.h"
 
@@ -143,6 +144,42 @@ TEST(PolicyRegistryTest, BuildRefusesWhatItCannotUse) {
   EXPECT_TRUE(Contains(BuildError({"beacon:n_recent=1,n_recent=2", {}, {}, {}}), "twice"));
   EXPECT_TRUE(Contains(BuildError({"rpc", int64_t{1} << 30, {}, {}}), "period"));
   EXPECT_TRUE(Contains(BuildError({"beacon", 8, {}, {}}), "protected tokens"));  // validated
+}
+
+// layer_budget_offsets: integers joined by '/', summing to 0, one per layer of the model, no
+// layer below its protected tokens.
+TEST(PolicyRegistryTest, LayerBudgetOffsetsAreAListThatSumsToZero) {
+  const PolicyConfig c = Build({"beacon:layer_budget_offsets=0/-16/16/0", 96, 32, {}});
+  const BeaconConfig& b = std::get<BeaconConfig>(c);
+  EXPECT_EQ(b.layer_budget_offsets, (std::vector<int32_t>{0, -16, 16, 0}));
+  EXPECT_EQ(LayerBudget(b, 1), 80);
+  EXPECT_EQ(LayerBudget(b, 2), 112);
+  EXPECT_EQ(LayerBudget(BeaconConfig{}, 2), BeaconConfig{}.budget);  // none: every layer alike
+  EXPECT_EQ(std::get<std::string>(*GetKnob(c, "layer_budget_offsets")), "0/-16/16/0");
+  EXPECT_EQ(std::get<std::string>(*GetKnob(BeaconConfig{}, "layer_budget_offsets")), "");
+  ASSERT_TRUE(ValidatePolicyConfig(c).ok());
+
+  PolicyConfig bad = BeaconConfig{};
+  absl::Status s = SetKnob(bad, "layer_budget_offsets", KnobValue(std::string("0/x")));
+  EXPECT_TRUE(Contains(s, "knob 'layer_budget_offsets' = '0/x': expected integers joined by '/'"))
+      << s;
+  EXPECT_FALSE(SetKnob(bad, "layer_budget_offsets", KnobValue(int64_t{3})).ok());
+  EXPECT_TRUE(std::get<BeaconConfig>(bad).layer_budget_offsets.empty());  // unchanged
+  BeaconConfig uneven = b;
+  uneven.layer_budget_offsets = {0, -16, 8, 0};
+  EXPECT_TRUE(Contains(ValidatePolicyConfig(uneven), "share budget x layers), got -8"));
+  BeaconConfig starved = b;
+  starved.layer_budget_offsets = {0, -48, 48, 0};  // 48 < n_recent + n_sinks = 52
+  EXPECT_TRUE(Contains(ValidatePolicyConfig(starved),
+                       "layer 1's budget (96 + -48 = 48) is smaller than the protected tokens"));
+  // One offset per layer of the model, checked where the model is known.
+  PolicyGeometry geo;
+  geo.num_layers = 2;
+  geo.num_kv_heads = 1;
+  geo.group_size = 1;
+  geo.rope.head_dim = 8;
+  EXPECT_TRUE(Contains(NewPolicyState(c, geo, 4).status(),
+                       "layer_budget_offsets has 4 entries for a model of 2 layers"));
 }
 
 TEST(PolicyRegistryTest, CountBiasGoesToTheCoverageLayersOfBeaconOnly) {

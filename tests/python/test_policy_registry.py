@@ -33,7 +33,7 @@ def test_registry_lists_every_policy_with_the_config_classes_knobs():
         assert list(type(cfg)._fields) == [k.name for k in s.knobs]
         assert cfg.to_dict() == {k.name: k.default for k in s.knobs}
         for k in s.knobs:
-            assert k.type in ("int", "float", "bool", "choice")
+            assert k.type in ("int", "float", "bool", "choice", "ints")
             assert bool(k.choices) == (k.type == "choice") and k.help
             if k.type == "int":
                 assert k.min <= k.default <= k.max
@@ -42,6 +42,8 @@ def test_registry_lists_every_policy_with_the_config_classes_knobs():
     assert mode.choices == ["uniform", "pooled"] and mode.default == "uniform"
     assert next(k for k in beaconkv.policy_spec("rpc").knobs if k.name == "pooling").choices == [
         "max", "avg", "none"]
+    offsets = next(k for k in beacon.knobs if k.name == "layer_budget_offsets")
+    assert offsets.type == "ints" and offsets.default == ""  # a list, as its '/' text
     with pytest.raises(ValueError, match="unknown policy"):
         beaconkv.policy_spec("lru")
 

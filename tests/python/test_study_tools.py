@@ -406,6 +406,8 @@ def test_run_study_writes_one_json_per_run(tmp_path, short_split):
     assert (study.result_name("beacon:n_recent=32,pool_kernel=3", 64, "tf") ==
             "beacon__n_recent-32__pool_kernel-3_b64_tf.json")
     assert study.result_name("full", None, "tf") == "full_tf.json"
+    assert (study.result_name("beacon:layer_budget_offsets=0/-16/16/0", 96, "greedy") ==
+            "beacon__layer_budget_offsets-0_-16_16_0_b96.json")  # a list is no path
     assert study.plan(["full", "tova"], [32, 64], ["greedy"]) == [
         ("full", None, "greedy"), ("tova", 32, "greedy"), ("tova", 64, "greedy")]
     out = tmp_path / "results"

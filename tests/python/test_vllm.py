@@ -183,6 +183,15 @@ def test_beacon_with_prompt_slots_matches_our_engine(tmp_path, tok):
                          later_bound=0.5)
 
 
+def test_beacon_with_layer_budgets_matches_our_engine(tmp_path, tok):
+    """layer_budget_offsets inside vLLM: each layer of the pool compresses on its own budget,
+    planned for the paged scorer, against our engine with the same knobs."""
+    ours, refs = paged_beacon_with_knobs(tmp_path, tok, "beacon_layer_budgets", 96,
+                                         {"interval": 32, "layer_budget_offsets": "0/-16/16/0"})
+    check_against_engine(ours, refs, "beacon@96/32, layer_budget_offsets=0/-16/16/0, "
+                         "scorer=paged", later_bound=0.5)
+
+
 def test_beacon_across_processes_matches_our_engine(tmp_path, engine_refs):
     """vLLM's default layout: scheduler and model in separate processes, pool operations and
     keep-sets carried by the BeaconKVConnector."""

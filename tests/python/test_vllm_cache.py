@@ -118,12 +118,13 @@ def test_beacon_compression_frees_blocks_and_keeps_the_pool_intact():
                         np.zeros((1, HKV, D), np.float32), np.zeros((1, H, D), np.float32), 1.0)
 
 
-def _small_beacon(budget=8, interval=4, budget_mode="uniform"):
+def _small_beacon(budget=8, interval=4, budget_mode="uniform", offsets=""):
     """A small beacon whose pool needs no token ids (the count bias, tested on its own below,
     changes the attention, not what these tests count)."""
     return beaconkv.policy_config("beacon", budget=budget, interval=interval, n_recent=2,
                                   n_sinks=1, n_beacons=2, buffer_min=4, buffer_max=8,
-                                  budget_mode=budget_mode, count_bias=False)
+                                  budget_mode=budget_mode, count_bias=False,
+                                  layer_budget_offsets=offsets)
 
 
 def _forward(cache, rng, rows, total):
@@ -144,6 +145,32 @@ def _forward(cache, rng, rows, total):
         if n == 1:
             cache.compress(seq, total[seq] - 1)
     return high
+
+
+def test_per_layer_budgets_bound_each_layer():
+    """layer_budget_offsets: each layer's heads cycle between their own budget and budget +
+    interval (here layer 0 keeps 6, layer 1 keeps 10)."""
+    rng = np.random.default_rng(6)
+    budget, interval = 8, 4
+    cache = beaconkv.VllmKvCache(L, HKV, H, D, 4, 200,
+                                 policy=_small_beacon(budget, interval, offsets="-2/2"),
+                                 rope_theta=1e4, observe=True)
+    total = {1: 4}
+    assert cache.allocate(1, 4, 4)
+    _forward(cache, rng, [(1, 4)], total)
+    for _ in range(40):
+        assert cache.allocate(1, 1, 4)
+        total[1] += 1
+        _forward(cache, rng, [(1, 1)], total)
+        held = cache.head_tokens(1).reshape(L, HKV)
+        assert held[0].max() < 6 + interval and held[1].max() < 10 + interval
+    assert held[0].min() >= 6 and held[1].min() >= 10
+    cache.verify_integrity()
+    wrong = beaconkv.VllmKvCache(L, HKV, H, D, 4, 200, policy=_small_beacon(offsets="-2/0/2"),
+                                 rope_theta=1e4, observe=True)
+    with pytest.raises(ValueError, match="layer_budget_offsets has 3 entries for a model of 2"):
+        wrong.allocate(1, 4, 4)  # the sequence's policy state is where the model is known
+    assert wrong.num_used_blocks == 0
 
 
 def test_peak_blocks_bound_what_a_head_holds():
@@ -174,8 +201,9 @@ def test_peak_blocks_bound_what_a_head_holds():
         cache.admits(-1, 10, 1)
 
 
-@pytest.mark.parametrize("budget_mode", ["uniform", "pooled"])
-def test_block_demand_is_what_the_pool_then_holds(budget_mode):
+@pytest.mark.parametrize("budget_mode,offsets", [("uniform", ""), ("pooled", ""),
+                                                 ("uniform", "-2/2")])
+def test_block_demand_is_what_the_pool_then_holds(budget_mode, offsets):
     """The demand the pool predicts for each coming step (every head along its policy's cycle,
     each sequence up to its end) is exactly the blocks in use at that step's high point; with
     pooled budgets, where a compression splits a layer's tokens among its heads as the scores
@@ -183,7 +211,7 @@ def test_block_demand_is_what_the_pool_then_holds(budget_mode):
     rng = np.random.default_rng(9)
     budget, interval, bs = 8, 4, 2
     cache = beaconkv.VllmKvCache(L, HKV, H, D, bs, 400,
-                                 policy=_small_beacon(budget, interval, budget_mode),
+                                 policy=_small_beacon(budget, interval, budget_mode, offsets),
                                  rope_theta=1e4, observe=True)
     ends = {1: 70, 2: 31, 3: 1000, 4: 40}  # max total tokens of each sequence
     starts = {1: (0, 3), 2: (2, 5), 3: (5, 15), 4: (9, 1)}  # step admitted, prompt tokens
@@ -208,7 +236,8 @@ def test_block_demand_is_what_the_pool_then_holds(budget_mode):
     for step in range(17):  # every sequence admitted; sequence 3's prompt is over its trigger
         run(step)
     demand = cache.block_demand()
-    assert len(demand) == budget + 2 * interval + 1
+    top = budget + max((int(x) for x in offsets.split("/") if x), default=0)  # largest layer's
+    assert len(demand) == top + 2 * interval + 1
     assert demand[0] == cache.num_used_blocks
     highs = [run(step) for step in range(17, 17 + len(demand) - 1)]
     if budget_mode == "uniform":

@@ -41,6 +41,8 @@ def test_policy_specs():
     cmd = sweep.bench_command("py", spec, 6, args, "o")
     assert cmd[cmd.index("--block-tokens") + 1] == "8"  # the pool's, not a policy knob
     assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--knob"] == ["interval=16"]
+    spec = sweep.parse_spec("beacon-pooled:96:32:layer_budget_offsets=0/-16/16/0")
+    assert sweep.label_of(spec, 6, 1) == "beacon-pooled_b96_i32_layer_budget_offsets-0_-16_16_0_6M_r1"
     cmd = sweep.bench_command("py", sweep.parse_spec("beacon-pooled:96:32:admission=optimistic"),
                               6, args, "o")
     assert cmd[cmd.index("--admission") + 1] == "optimistic"  # the pool's too
