@@ -2,6 +2,7 @@
 // knob's own range is the registry's, core/policy_config.cc) and the four choices a policy
 // makes silently, stated.
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -79,6 +80,12 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
                                                          "n_recent + n_sinks = %d",
                                                          l, c.budget, c.layer_budget_offsets[l], b,
                                                          c.n_recent + c.n_sinks));
+              }
+              if (b > std::numeric_limits<int32_t>::max()) {
+                return Invalid("beacon", absl::StrFormat("layer %d's budget (%d + %d) is above "
+                                                         "%d",
+                                                         l, c.budget, c.layer_budget_offsets[l],
+                                                         std::numeric_limits<int32_t>::max()));
               }
             }
             if (offsets != 0) {

@@ -1,5 +1,6 @@
 // The policy registry: one entry per policy, knob defaults equal to the config structs',
 // typed and range-checked knobs, and the one way a command line becomes a configuration.
+#include <limits>
 #include <string>
 #include <variant>
 #include <vector>
@@ -172,6 +173,10 @@ TEST(PolicyRegistryTest, LayerBudgetOffsetsAreAListThatSumsToZero) {
   starved.layer_budget_offsets = {0, -48, 48, 0};  // 48 < n_recent + n_sinks = 52
   EXPECT_TRUE(Contains(ValidatePolicyConfig(starved),
                        "layer 1's budget (96 + -48 = 48) is smaller than the protected tokens"));
+  BeaconConfig huge = b;
+  huge.budget = std::numeric_limits<int32_t>::max();
+  huge.layer_budget_offsets = {0, -5, 5, 0};
+  EXPECT_TRUE(Contains(ValidatePolicyConfig(huge), "layer 2's budget (2147483647 + 5) is above"));
   // One offset per layer of the model, checked where the model is known.
   PolicyGeometry geo;
   geo.num_layers = 2;
