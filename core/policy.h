@@ -200,9 +200,7 @@ struct HeadTrigger {
   int64_t interval = 1;
   bool pooled = false;
   std::vector<int32_t> layer_offsets;  // beacon's layer_budget_offsets; empty = none
-  int64_t BudgetOf(int32_t layer) const {
-    return budget + (layer < static_cast<int32_t>(layer_offsets.size()) ? layer_offsets[layer] : 0);
-  }
+  int64_t BudgetOf(int32_t layer) const { return LayerBudget(budget, layer_offsets, layer); }
   friend bool operator==(const HeadTrigger&, const HeadTrigger&) = default;
 };
 std::optional<HeadTrigger> BudgetTrigger(const PolicyConfig& config);

@@ -142,8 +142,12 @@ struct BeaconConfig {
   std::vector<int32_t> layer_budget_offsets;
 };
 
-// Layer `layer`'s budget per head under `c` (its offset added; `budget` without offsets).
-int64_t LayerBudget(const BeaconConfig& c, int32_t layer);
+// Layer `layer`'s budget per head: `budget` plus the layer's entry of `offsets` (none past
+// its end). The one rule for beacon's layer_budget_offsets and the forecasts (HeadTrigger).
+int64_t LayerBudget(int64_t budget, const std::vector<int32_t>& offsets, int32_t layer);
+inline int64_t LayerBudget(const BeaconConfig& c, int32_t layer) {
+  return LayerBudget(c.budget, c.layer_budget_offsets, layer);
+}
 
 using PolicyConfig = std::variant<FullConfig, StreamingConfig, H2OConfig, TovaConfig, SnapKvConfig,
                                   RkvConfig, RpcConfig, BeaconConfig>;

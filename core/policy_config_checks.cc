@@ -122,9 +122,9 @@ int32_t CountBiasLayers(const PolicyConfig& config) {
   return b != nullptr && b->count_bias ? b->coverage_layers : 0;
 }
 
-int64_t LayerBudget(const BeaconConfig& c, int32_t layer) {
-  const bool offset = layer >= 0 && layer < static_cast<int32_t>(c.layer_budget_offsets.size());
-  return int64_t{c.budget} + (offset ? c.layer_budget_offsets[layer] : 0);
+int64_t LayerBudget(int64_t budget, const std::vector<int32_t>& offsets, int32_t layer) {
+  const bool offset = layer >= 0 && layer < static_cast<int32_t>(offsets.size());
+  return budget + (offset ? offsets[layer] : 0);
 }
 
 int32_t PromptSlotsInEffect(const BeaconConfig& c) {
