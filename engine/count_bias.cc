@@ -6,6 +6,17 @@
 #include "core/status_macros.h"
 
 namespace beaconkv {
+namespace {
+
+// bias[j] = v wherever ids[j] == token, j < count. Branch-free and on its own (restrict, the
+// count by value, not inlined into a loop that loses both) so that it vectorises: a match
+// is rare and unpredictable.
+__attribute__((noinline)) void SetWhereEqual(const int32_t* __restrict ids, int32_t count,
+                                             int32_t token, float v, float* __restrict bias) {
+  for (int32_t j = 0; j < count; ++j) bias[j] = ids[j] == token ? v : bias[j];
+}
+
+}  // namespace
 
 absl::StatusOr<absl::Span<const float>> CountBias::Head(const BlockManager& bm,
                                                         const CpuKvStore& store, SequenceId id,
@@ -29,7 +40,8 @@ absl::StatusOr<absl::Span<const float>> CountBias::Head(const BlockManager& bm,
     return store.position({table[j / shape.block_size], j % shape.block_size});
   };
   const size_t index = static_cast<size_t>(layer) * shape.num_kv_heads + kv_head;
-  if (heads_.size() <= index) heads_.resize(index + 1);
+  // Sized once, so that no head's terms move while a caller holds another head's span.
+  if (heads_.empty()) heads_.resize(static_cast<size_t>(shape.num_heads_total()));
   HeadState& c = heads_[index];
   auto term = [&](int32_t token) {
     return std::log(static_cast<float>(counts_[token]) / static_cast<float>(c.held[token]));
@@ -43,9 +55,7 @@ absl::StatusOr<absl::Span<const float>> CountBias::Head(const BlockManager& bm,
     ++c.held[token];
     const float v = term(token);
     c.bias.push_back(v);
-    for (int32_t j = 0; j + 1 < n; ++j) {
-      if (c.ids[j] == token) c.bias[j] = v;
-    }
+    SetWhereEqual(c.ids.data(), n - 1, token, v, c.bias.data());
   } else {
     c.ids.resize(n);
     c.held.clear();

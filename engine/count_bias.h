@@ -29,7 +29,8 @@ class CountBias {
   // compressions a step adds one token to every head and only that token's id changes its
   // N / K, so a head whose last call was at position - 1 and that has only grown by its newest
   // slot is updated in place; any other change (the first call, a compression, a re-prefill)
-  // counts the head again. The span is valid until the next call.
+  // counts the head again. The span is valid until the next call for the same head (each
+  // head's terms live apart, so one step can hold every head's span at once).
   absl::StatusOr<absl::Span<const float>> Head(const BlockManager& bm, const CpuKvStore& store,
                                                SequenceId id, int32_t layer, int32_t kv_head,
                                                int32_t position, TokenAt token_at);
@@ -44,7 +45,7 @@ class CountBias {
   };
   absl::flat_hash_map<int32_t, int32_t> counts_;  // id -> positions [0, counted_) (N)
   int32_t counted_ = 0;
-  std::vector<HeadState> heads_;  // [layer * num_kv_heads + kv_head], grown on demand
+  std::vector<HeadState> heads_;  // [layer * num_kv_heads + kv_head], sized at the first call
 };
 
 }  // namespace beaconkv

@@ -300,7 +300,7 @@ absl::Status Engine::Admit(SeqState& s) {
 }
 
 absl::Status Engine::AddCountBias(SeqState& s, int32_t position, int64_t b,
-                                  std::vector<std::vector<float>>* head_bias) {
+                                  std::vector<absl::Span<const float>>* head_bias) {
   ScopedTimer t(&stats_.time_bookkeeping);
   const KvShape& shape = bm_->shape();
   const int64_t heads_total = shape.num_heads_total();
@@ -312,10 +312,10 @@ absl::Status Engine::AddCountBias(SeqState& s, int32_t position, int64_t b,
   const int32_t layers = std::min(CountBiasLayers(s.policy_config), shape.num_layers);
   for (int32_t l = 0; l < layers; ++l) {
     for (int32_t g = 0; g < shape.num_kv_heads; ++g) {
+      // The span stays valid through the step: each head is asked once per step.
       BKV_ASSIGN_OR_RETURN(
-          const absl::Span<const float> bias,
+          (*head_bias)[b * heads_total + l * shape.num_kv_heads + g],
           s.count_bias.Head(*bm_, *store_, s.request.id, l, g, position, token_at));
-      (*head_bias)[b * heads_total + l * shape.num_kv_heads + g].assign(bias.begin(), bias.end());
     }
   }
   return absl::OkStatus();
@@ -525,7 +525,7 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   }
   std::vector<SeqState*> states(rows);
   for (int64_t b = 0; b < rows; ++b) states[b] = seqs_.at(ids[b]).get();
-  std::vector<std::vector<float>> head_bias;
+  std::vector<absl::Span<const float>> head_bias;
   for (int64_t b = 0; b < rows; ++b) {
     if (CountBiasLayers(states[b]->policy_config) > 0)
       BKV_RETURN_IF_ERROR(AddCountBias(*states[b], positions[b], b, &head_bias));

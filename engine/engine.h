@@ -106,7 +106,7 @@ class Engine {
   // The count bias of row b's heads in its count-bias layers (ModelRunner::Decode's
   // head_bias), position = the token being decoded.
   absl::Status AddCountBias(SeqState& s, int32_t position, int64_t b,
-                            std::vector<std::vector<float>>* head_bias);
+                            std::vector<absl::Span<const float>>* head_bias);
   void Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t position, const float* pre,
                const float* post);
   // Appends to s.evictions the positions of `positions` (one head's, slot order) that

@@ -154,7 +154,7 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
                                  absl::Span<const SlotRef> slots, const BlockManager& bm,
                                  CpuKvStore& store, const QuerySink* sink, float* logits,
                                  double* attention_seconds, double* observe_seconds,
-                                 absl::Span<const std::vector<float>> head_bias) const {
+                                 absl::Span<const absl::Span<const float>> head_bias) const {
   const ModelConfig& c = config();
   const int64_t rows = static_cast<int64_t>(seqs.size());
   const int64_t hid = c.hidden_size, d = c.head_dim, group = group_size();
@@ -225,7 +225,7 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
     std::vector<float> flat_bias;
     for (int64_t b = 0; b < rows && !head_bias.empty(); ++b)
       for (int32_t g = 0; g < c.num_kv_heads; ++g) {
-        const std::vector<float>& src = head_bias[b * heads_total + l * c.num_kv_heads + g];
+        const absl::Span<const float> src = head_bias[b * heads_total + l * c.num_kv_heads + g];
         if (src.empty()) continue;
         const int64_t stride = int64_t{max_blocks} * bs;
         if (flat_bias.empty()) flat_bias.assign(rows * c.num_kv_heads * stride, 0.0f);

@@ -45,13 +45,13 @@ class ModelRunner {
   // reads every slot of the head, the new one included. logits: [rows, vocab].
   // attention_seconds accumulates time spent in attention, observe_seconds (optional) time
   // spent in `sink` (measured once per layer, as in Prefill). head_bias: empty, or
-  // [rows * num_heads_total] vectors, each empty (no bias) or one logit term per slot of the
+  // [rows * num_heads_total] spans, each empty (no bias) or one logit term per slot of the
   // head in logical order, the new one included (the count bias, CountBiasLayers).
   absl::Status Decode(absl::Span<const SequenceId> seqs, absl::Span<const int32_t> tokens,
                       absl::Span<const int32_t> positions, absl::Span<const SlotRef> slots,
                       const BlockManager& bm, CpuKvStore& store, const QuerySink* sink,
                       float* logits, double* attention_seconds, double* observe_seconds = nullptr,
-                      absl::Span<const std::vector<float>> head_bias = {}) const;
+                      absl::Span<const absl::Span<const float>> head_bias = {}) const;
 
  private:
   ModelRunner(ModelWeights weights, Rope rope, int num_threads, bool batch_invariant)
