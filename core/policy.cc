@@ -75,19 +75,34 @@ absl::StatusOr<ScoringPlan> PolicyState::PlanScoring(int32_t, absl::Span<const H
       policy_name()));
 }
 
+absl::StatusOr<std::vector<KeepSet>> PolicyState::SelectFromScores(
+    const ScoringPlan&, absl::Span<const HeadKeys>, absl::Span<const absl::Span<const float>>) {
+  return absl::UnimplementedError(absl::StrFormat(
+      "policy %s: plans no pooled layer, so it has no selection from scores", policy_name()));
+}
+
 absl::StatusOr<ScoringPlan> PolicyState::PlanScored(int32_t layer, absl::Span<const HeadKeys> heads,
                                                     absl::Span<const int32_t> due,
                                                     const PlanHooks& hooks) const {
-  BKV_RETURN_IF_ERROR(CheckCompressArgs(layer, heads, due, /*all_heads=*/false,
+  const bool pooled = hooks.mode == BudgetMode::kPooled;
+  BKV_RETURN_IF_ERROR(CheckCompressArgs(layer, heads, due, /*all_heads=*/pooled,
                                         /*need_keys=*/false));
+  std::vector<int32_t> all;
+  if (pooled) {
+    for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) all.push_back(h);
+    due = all;
+  }
   ScoringPlan plan = hooks.shape;
   plan.layer = layer;
+  plan.pooled = pooled;
   plan.tasks.clear();
   for (int32_t h : due) {
     const OrderedHead ordered(HeadKeys{nullptr, heads[h].positions, heads[h].num_tokens},
                               geometry_.head_dim());
     const int32_t n = ordered.size();
-    if (n <= hooks.budget) continue;  // keeps everything, as CompressScored's selection does
+    // A head within budget keeps everything, as CompressScored's selection does; pooled, the
+    // layer's selection needs every head's scores.
+    if (!pooled && n <= hooks.budget) continue;
     std::vector<uint8_t> protect;
     hooks.protect(h, ordered, &protect);
     if (protect.empty()) protect.assign(n, 0);
@@ -95,7 +110,7 @@ absl::StatusOr<ScoringPlan> PolicyState::PlanScored(int32_t layer, absl::Span<co
     task.kv_head = h;
     task.num_queries = hooks.rows(h, ordered, &protect, &task);
     const int64_t kept = std::count(protect.begin(), protect.end(), uint8_t{1});
-    task.k = std::max<int64_t>(hooks.budget - kept, 0);
+    task.k = pooled ? 0 : std::max<int64_t>(hooks.budget - kept, 0);
     task.protect.assign(n, 0);
     for (int32_t i = 0; i < n; ++i) task.protect[ordered.slot(i)] = protect[i];
     if (!task.reserve.empty()) {
@@ -137,9 +152,10 @@ absl::StatusOr<std::vector<KeepSet>> KeepSetsFromMasks(
 absl::StatusOr<std::vector<KeepSet>> PolicyState::CompressScored(int32_t layer,
                                                                  absl::Span<const HeadKeys> heads,
                                                                  absl::Span<const int32_t> due,
-                                                                 const ScoringHooks& hooks) const {
+                                                                 const ScoringHooks& hooks,
+                                                                 bool need_keys) const {
   const bool pooled = hooks.mode == BudgetMode::kPooled;
-  BKV_RETURN_IF_ERROR(CheckCompressArgs(layer, heads, due, pooled));
+  BKV_RETURN_IF_ERROR(CheckCompressArgs(layer, heads, due, pooled, need_keys));
   std::vector<int32_t> all;
   if (pooled) {
     for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) all.push_back(h);

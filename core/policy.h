@@ -57,6 +57,10 @@ struct ScoringTask {
 // that must shed tokens (due heads within budget keep everything and have no task).
 struct ScoringPlan {
   int32_t layer = 0;
+  // True (pooled budgets): the layer's heads share one budget, so every head of the layer is
+  // a task and the selection is the policy's: the scorer's scores (before pooling) go back to
+  // PolicyState::SelectFromScores, and its keep masks (k = 0) are not used.
+  bool pooled = false;
   int32_t group_size = 1;  // query heads per query row
   ScoreSpec spec;          // GQA and query reductions
   Pooling pooling = Pooling::kNone;
@@ -116,12 +120,22 @@ class PolicyState {
   // Plans what Compress(layer, heads, due, current_position) would do for a scorer outside
   // the policy to carry out; heads may come without keys (positions only). Advances the
   // policy state exactly as Compress does (beacon draws), so call one or the other per event.
-  // beacon, tova, snapkv and rkv plan (uniform budgets). kUnimplemented for policies whose
-  // selection is not "score each head, keep protected + k best" on the device's terms (full,
-  // streaming, h2o, rpc, pooled budgets): run Compress for those.
+  // beacon, tova, snapkv and rkv plan (uniform budgets), and beacon with pooled budgets
+  // (ScoringPlan::pooled: the scorer scores, SelectFromScores selects). kUnimplemented for
+  // policies whose scoring is not the device's (full, streaming, h2o, rpc, snapkv pooled):
+  // run Compress for those.
   virtual absl::StatusOr<ScoringPlan> PlanScoring(int32_t layer, absl::Span<const HeadKeys> heads,
                                                   absl::Span<const int32_t> due,
                                                   int32_t current_position);
+
+  // The keep-sets of a pooled plan (ScoringPlan::pooled) from the scorer's scores: scores[t]
+  // is task t's [num_tokens()] slot-order scores before pooling, heads the layer's heads
+  // (positions; keys may be null) as planned. Returns what Compress would, one keep-set per
+  // head of the layer; reads no policy state that PlanScoring advanced. kInvalidArgument when
+  // the scores do not match the plan, kUnimplemented for a policy that plans no pooled layer.
+  virtual absl::StatusOr<std::vector<KeepSet>> SelectFromScores(
+      const ScoringPlan& plan, absl::Span<const HeadKeys> heads,
+      absl::Span<const absl::Span<const float>> scores);
 
   // Bytes of per-sequence state held now, and at most (buffers at capacity).
   virtual int64_t StateBytes() const = 0;
@@ -159,10 +173,12 @@ class PolicyState {
   // The one Compress skeleton of those policies: checks the arguments, takes the due heads
   // (every head of the layer when pooled) in position order, asks the hooks for protected
   // tokens and scores, and selects with the shared tie rule (uniform or pooled budgets).
+  // need_keys false: the score hook does not read keys (scores handed back by a scorer).
   absl::StatusOr<std::vector<KeepSet>> CompressScored(int32_t layer,
                                                       absl::Span<const HeadKeys> heads,
                                                       absl::Span<const int32_t> due,
-                                                      const ScoringHooks& hooks) const;
+                                                      const ScoringHooks& hooks,
+                                                      bool need_keys = true) const;
 
   // What a policy that can hand its scoring to an external scorer tells PlanScored.
   struct PlanHooks {
@@ -180,9 +196,11 @@ class PolicyState {
     absl::FunctionRef<int32_t(int32_t kv_head, const OrderedHead& ordered,
                               std::vector<uint8_t>* protect, ScoringTask* task)>
         rows;
+    BudgetMode mode = BudgetMode::kUniform;  // pooled: every head of the layer, k = 0
   };
-  // The uniform-budget skeleton of PlanScoring: checks the arguments as CompressScored does
-  // (keys may be null) and plans each due head over budget in slot order.
+  // The skeleton of PlanScoring: checks the arguments as CompressScored does (keys may be
+  // null) and plans each due head over budget in slot order (pooled: every head of the layer,
+  // with k = 0 and plan.pooled set).
   absl::StatusOr<ScoringPlan> PlanScored(int32_t layer, absl::Span<const HeadKeys> heads,
                                          absl::Span<const int32_t> due,
                                          const PlanHooks& hooks) const;

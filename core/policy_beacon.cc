@@ -12,6 +12,7 @@
 #include "core/policy_internal.h"
 #include "core/redundancy.h"
 #include "core/selection.h"
+#include "core/status_macros.h"
 
 namespace beaconkv::internal {
 namespace {
@@ -56,26 +57,61 @@ class BeaconState final : public PolicyState {
                                absl::Span<float> scores) {
                              ScoreHead(geometry_.HeadIndex(layer, h), ordered, current_position,
                                        scores.data());
-                             if (Penalised(layer)) Penalise(ordered, scores);
-                             if (!IsCoverage(layer)) {
-                               ReservePrompt(ordered, protect, scores);
-                               return;
-                             }
-                             // The evenly spaced sample is kept first (scores are probabilities <=
-                             // 1, so +2 puts it above every other token); the slots its empty
-                             // strata leave go by score.
-                             for (int32_t i : CoverageFor(layer, ordered, protect))
-                               scores[i] += 2.0f;
+                             FinishScores(layer, ordered, protect, scores);
                            }});
+  }
+
+  absl::StatusOr<std::vector<KeepSet>> SelectFromScores(
+      const ScoringPlan& plan, absl::Span<const HeadKeys> heads,
+      absl::Span<const absl::Span<const float>> scores) override {
+    const int32_t layer = plan.layer;
+    BKV_RETURN_IF_ERROR(CheckHead(layer, 0));
+    if (!plan.pooled || config_.budget_mode != BudgetMode::kPooled) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "policy beacon: layer %d: scores are selected here only for a pooled plan of a pooled "
+          "policy; uniform plans keep the scorer's masks",
+          layer));
+    }
+    if (plan.tasks.size() != static_cast<size_t>(geometry_.num_kv_heads) ||
+        scores.size() != plan.tasks.size() || heads.size() != plan.tasks.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "policy beacon: pooled plan of layer %d: %d tasks, %d score arrays and %d heads for "
+          "%d kv heads",
+          layer, plan.tasks.size(), scores.size(), heads.size(), geometry_.num_kv_heads));
+    }
+    for (size_t t = 0; t < plan.tasks.size(); ++t) {
+      const ScoringTask& task = plan.tasks[t];
+      if (task.kv_head != static_cast<int32_t>(t) ||
+          static_cast<int64_t>(scores[t].size()) != task.num_tokens() ||
+          heads[t].num_tokens != task.num_tokens()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "policy beacon: pooled plan of layer %d, task %d (kv_head %d): %d scores and %d "
+            "tokens for %d planned",
+            layer, t, task.kv_head, scores[t].size(), heads[t].num_tokens, task.num_tokens()));
+      }
+    }
+    const std::vector<int32_t> all;  // pooled: CompressScored takes every head
+    return CompressScored(layer, heads, all,
+                          {BudgetMode::kPooled, Budget(layer),
+                           [&](int32_t, const OrderedHead& ordered, std::vector<uint8_t>* protect) {
+                             *protect = ProtectMask(layer, ordered);
+                           },
+                           [&](int32_t h, const OrderedHead& ordered, absl::Span<uint8_t> protect,
+                               absl::Span<float> out) {
+                             // The scorer's slot order into position order, then what Compress does
+                             // after its own scoring.
+                             for (int32_t i = 0; i < ordered.size(); ++i)
+                               out[i] = scores[h][ordered.slot(i)];
+                             FinishScores(layer, ordered, protect, out);
+                           }},
+                          /*need_keys=*/false);
   }
 
   absl::StatusOr<ScoringPlan> PlanScoring(int32_t layer, absl::Span<const HeadKeys> heads,
                                           absl::Span<const int32_t> due,
                                           int32_t current_position) override {
-    if (config_.budget_mode != BudgetMode::kUniform) {
-      return absl::UnimplementedError(
-          "policy beacon: pooled budgets select across the heads of a layer; run Compress");
-    }
+    // (Pooled budgets exclude the redundancy term, which needs the keys: NewPolicyState.)
+    const bool pooled = config_.budget_mode == BudgetMode::kPooled;
     ScoringPlan shape;
     shape.group_size = 1;
     shape.spec = {GqaReduction::kMaxProbs, QueryReduction::kMax};
@@ -96,6 +132,9 @@ class BeaconState final : public PolicyState {
            task->rotate_to = current_position;
            task->queries.assign(queries_.begin(), queries_.begin() + static_cast<ptrdiff_t>(rows) *
                                                                          geometry_.head_dim());
+           // Pooled, the coverage sample and the prompt slots act on the scores when they
+           // come back (SelectFromScores), as in Compress.
+           if (pooled) return rows;
            // Compress adds 2 to the sample's scores after pooling, which puts all of it above
            // every scored token: the same set as keeping it outright beside the protected ones.
            if (IsCoverage(layer)) {
@@ -107,7 +146,8 @@ class BeaconState final : public PolicyState {
              task->reserve_k = slots;
            }
            return rows;
-         }});
+         },
+         config_.budget_mode});
     if (!plan.ok() || !Penalised(layer) || plan->tasks.empty()) return plan;
     // The penalty's lambda depends on the head's length, and a plan has one: heads of
     // different lengths (which uniform budgets do not produce) go through Compress.
@@ -201,14 +241,29 @@ class BeaconState final : public PolicyState {
                                free);
   }
 
+  // The head's scores before pooling (max over the observation rows of the softmax), [n]
+  // position order; draws the beacons.
   void ScoreHead(int32_t head_index, const OrderedHead& ordered, int32_t current_position,
                  float* scores) {
     const int32_t d = geometry_.head_dim();
     const int32_t rows = BuildRows(head_index, current_position);
-    const int32_t n = ordered.size();
-    AttentionScores(ordered.keys(), 0, n, d, queries_.data(), rows, 1,
+    AttentionScores(ordered.keys(), 0, ordered.size(), d, queries_.data(), rows, 1,
                     {GqaReduction::kMaxProbs, QueryReduction::kMax}, scores, &scratch_);
-    Pool1d(Pooling::kMax, config_.pool_kernel, absl::MakeSpan(scores, n));
+  }
+
+  // What follows the scoring, in Compress and in SelectFromScores: pooling, the redundancy
+  // term, then the prompt slots or (coverage layers) the evenly spaced sample.
+  void FinishScores(int32_t layer, const OrderedHead& ordered, absl::Span<uint8_t> protect,
+                    absl::Span<float> scores) {
+    Pool1d(Pooling::kMax, config_.pool_kernel, scores);
+    if (Penalised(layer)) Penalise(ordered, scores);
+    if (!IsCoverage(layer)) {
+      ReservePrompt(ordered, protect, scores);
+      return;
+    }
+    // The evenly spaced sample is kept first (scores are probabilities <= 1, so +2 puts it
+    // above every other token); the slots its empty strata leave go by score.
+    for (int32_t i : CoverageFor(layer, ordered, protect)) scores[i] += 2.0f;
   }
 
   // Fills queries_ with the head's observation rows (every recent post-RoPE query of every

@@ -75,6 +75,7 @@ absl::StatusOr<std::vector<std::vector<KeepSet>>> ScoredKeepSets(
     std::vector<std::vector<int32_t>> positions;   // [kv_head][slot]
     std::vector<std::vector<BlockId>> tables;      // [task]
     std::vector<absl::Span<const uint8_t>> masks;  // [task], into `results`
+    std::vector<absl::Span<const float>> scores;   // [task], into `results` (pooled plans)
   };
   const KvShape& shape = bm.shape();
   // Per target, per layer: the host's keep-sets, or the index of its plan in `planned`.
@@ -85,7 +86,7 @@ absl::StatusOr<std::vector<std::vector<KeepSet>>> ScoredKeepSets(
     for (int32_t l = 0; l < shape.num_layers; ++l) {
       BKV_ASSIGN_OR_RETURN(const std::vector<int32_t> due, Due(bm, *target.policy, target.id, l));
       if (due.empty()) continue;
-      Planned p{t, due, {}, std::vector<std::vector<int32_t>>(shape.num_kv_heads), {}, {}};
+      Planned p{t, due, {}, std::vector<std::vector<int32_t>>(shape.num_kv_heads), {}, {}, {}};
       std::vector<HeadKeys> heads(shape.num_kv_heads);
       for (int32_t h = 0; h < shape.num_kv_heads; ++h)
         heads[h] = GatherHead(bm, store, target.id, l, h, nullptr, &p.positions[h]);
@@ -133,13 +134,22 @@ absl::StatusOr<std::vector<std::vector<KeepSet>>> ScoredKeepSets(
     }
     results.emplace_back();
     BKV_RETURN_IF_ERROR(scorer.Score(sshape, jobs, &results.back()));
-    for (size_t j = 0; j < jobs.size(); ++j)
+    for (size_t j = 0; j < jobs.size(); ++j) {
       planned[owner[j]].masks.push_back(results.back().KeepOf(static_cast<int32_t>(j)));
+      planned[owner[j]].scores.push_back(results.back().ScoresOf(static_cast<int32_t>(j)));
+    }
   }
   std::vector<std::vector<KeepSet>> out(targets.size());
   for (size_t t = 0; t < targets.size(); ++t) {
     for (auto& [sets, index] : layers[t]) {
-      if (index >= 0) {
+      if (index >= 0 && planned[index].plan.pooled) {
+        // The layer's heads share a budget: the policy selects from the scores.
+        const Planned& p = planned[index];
+        std::vector<HeadKeys> heads(shape.num_kv_heads);
+        for (int32_t h = 0; h < shape.num_kv_heads; ++h)
+          heads[h] = {nullptr, p.positions[h].data(), static_cast<int32_t>(p.positions[h].size())};
+        BKV_ASSIGN_OR_RETURN(sets, targets[t].policy->SelectFromScores(p.plan, heads, p.scores));
+      } else if (index >= 0) {
         // One keep-set per due head, as Compress returns them: a head within budget has no
         // task and keeps every slot.
         const Planned& p = planned[index];

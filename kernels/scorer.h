@@ -101,6 +101,9 @@ struct ScoringResult {
   absl::Span<const uint8_t> KeepOf(int32_t job) const {
     return absl::MakeConstSpan(keep).subspan(offsets[job], offsets[job + 1] - offsets[job]);
   }
+  absl::Span<const float> ScoresOf(int32_t job) const {
+    return absl::MakeConstSpan(scores).subspan(offsets[job], offsets[job + 1] - offsets[job]);
+  }
 };
 
 // The store a scorer reads: its geometry and size.

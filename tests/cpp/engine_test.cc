@@ -197,17 +197,20 @@ TEST(EngineTest, EvictionBoundsTheCacheAndFreesBlocks) {
 
 // The device pipeline's CPU twin (scorer=paged: the policy plans, every due head of a step is
 // scored through its block table in one call) makes the host path's decisions: same tokens,
-// same evictions, same blocks freed, with and without pooling and the coverage layer, under
+// same evictions, same blocks freed, with and without pooling and the coverage layer, with
+// uniform and pooled budgets (pooled: the policy selects from the scorer's scores), under
 // memory pressure with both preemption modes.
-class PagedScorerTest : public ::testing::TestWithParam<std::tuple<int32_t, int32_t, bool>> {};
+class PagedScorerTest : public ::testing::TestWithParam<std::tuple<int32_t, int32_t, bool, bool>> {
+};
 
 TEST_P(PagedScorerTest, MakesTheHostPathsDecisions) {
-  const auto [pool_kernel, coverage, swap] = GetParam();
+  const auto [pool_kernel, coverage, swap, pooled] = GetParam();
   EngineConfig c;
   c.block_size = 4;
   BeaconConfig b = SmallBeacon();
   b.pool_kernel = pool_kernel;
   b.coverage_layers = coverage;
+  if (pooled) b.budget_mode = BudgetMode::kPooled;
   c.policy = b;
   c.num_blocks = 50;  // room for about three of the five sequences at their peak: preemption
   c.preemption = swap ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
@@ -227,11 +230,15 @@ TEST_P(PagedScorerTest, MakesTheHostPathsDecisions) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Knobs, PagedScorerTest,
-                         ::testing::Values(std::tuple{1, 1, false}, std::tuple{3, 0, false},
-                                           std::tuple{5, 2, true}));
+                         ::testing::Values(std::tuple{1, 1, false, false},
+                                           std::tuple{3, 0, false, false},
+                                           std::tuple{5, 2, true, false},
+                                           std::tuple{3, 1, false, true},
+                                           std::tuple{1, 0, true, true}));
 
-// tova, snapkv and rkv plan too; policies without a plan (h2o, pooled budgets) run their own
-// Compress under scorer=paged. Either way the tokens and evictions are the host path's.
+// tova, snapkv and rkv plan too; policies without a plan (h2o, snapkv with pooled budgets)
+// run their own Compress under scorer=paged. Either way the tokens and evictions are the host
+// path's.
 TEST(EngineTest, PagedScorerAgreesForTovaSnapKvRkvAndForPoliciesWithoutAPlan) {
   TovaConfig tova;
   tova.budget = 12;
@@ -247,7 +254,7 @@ TEST(EngineTest, PagedScorerAgreesForTovaSnapKvRkvAndForPoliciesWithoutAPlan) {
   rkv.pool_kernel = 3;
   H2OConfig h2o;
   h2o.budget = 12;
-  BeaconConfig pooled = SmallBeacon();
+  SnapKvConfig pooled = snap;
   pooled.budget_mode = BudgetMode::kPooled;
   for (const PolicyConfig& policy : std::vector<PolicyConfig>{tova, snap, rkv, h2o, pooled}) {
     EngineConfig c;

@@ -191,6 +191,25 @@ TEST_P(PlannedScoringTest, KeepsWhatTheHostCompressKeeps) {
       ScoringResult result;
       ASSERT_TRUE(
           scorer.Score(ScoringShape::Of(*plan, g.head_dim, g.block_size), jobs, &result).ok());
+      if (plan->pooled) {
+        // Every head of the layer is scored; the policy selects across them from the scores.
+        ASSERT_EQ(plan->tasks.size(), static_cast<size_t>(g.kv_heads));
+        std::vector<absl::Span<const float>> scores;
+        for (size_t j = 0; j < jobs.size(); ++j)
+          scores.push_back(result.ScoresOf(static_cast<int32_t>(j)));
+        auto got = (*planned)->SelectFromScores(*plan, positions_only, scores);
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_EQ(got->size(), want->size());
+        for (size_t i = 0; i < want->size(); ++i) {
+          EXPECT_EQ((*got)[i].kv_head, (*want)[i].kv_head);
+          EXPECT_EQ((*got)[i].slots, (*want)[i].slots)
+              << "step " << step << " layer " << l << " head " << (*want)[i].kv_head;
+        }
+        planned_heads += static_cast<int32_t>(plan->tasks.size());
+        for (const KeepSet& w : *want) cache.Keep(l, w.kv_head, w.slots);
+        ++compressions;
+        continue;
+      }
       std::vector<absl::Span<const uint8_t>> masks;
       for (size_t j = 0; j < jobs.size(); ++j)
         masks.push_back(result.KeepOf(static_cast<int32_t>(j)));
@@ -253,7 +272,8 @@ RkvConfig Rkv(int32_t budget, int32_t interval, int32_t window, int32_t pool_ker
 
 BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t coverage,
                     bool protect_prompt, double redundancy = 0.0, double threshold = 0.5,
-                    int32_t prompt_slots = 0) {
+                    int32_t prompt_slots = 0, bool pooled = false,
+                    std::vector<int32_t> layer_offsets = {}) {
   BeaconConfig c;
   c.budget = budget;
   c.interval = interval;
@@ -267,6 +287,8 @@ BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t cove
   c.redundancy = redundancy;
   c.redundancy_threshold = threshold;
   c.prompt_slots = prompt_slots;
+  c.budget_mode = pooled ? BudgetMode::kPooled : BudgetMode::kUniform;
+  c.layer_budget_offsets = std::move(layer_offsets);
   return c;
 }
 
@@ -293,27 +315,71 @@ INSTANTIATE_TEST_SUITE_P(
         Params{Beacon(48, 16, 1, 1, false, 0.0, 0.5, 4), Geometry{}, 17},
         Params{Beacon(40, 8, 3, 0, false, 0.0, 0.5, 24), Geometry{2, 2, 2, 16, 8}, 18},
         Params{Beacon(64, 32, 5, 1, false, 1.0, 0.5, 6), Geometry{3, 1, 4, 32, 16}, 19},
-        Params{Beacon(40, 8, 1, 1, true, 0.0, 0.5, 3), Geometry{}, 20}));
+        Params{Beacon(40, 8, 1, 1, true, 0.0, 0.5, 3), Geometry{}, 20},
+        // Pooled budgets: the scorer scores every head of the layer and the policy selects
+        // across them (with the coverage sample's +2 in the head's mass, prompt slots, the
+        // prompt protected, per-layer budgets, and one kv head).
+        Params{Beacon(48, 16, 1, 1, false, 0.0, 0.5, 0, true), Geometry{}, 21},
+        Params{Beacon(64, 32, 3, 1, false, 0.0, 0.5, 4, true), Geometry{2, 2, 2, 16, 8}, 22},
+        Params{Beacon(40, 8, 5, 2, true, 0.0, 0.5, 3, true), Geometry{3, 3, 4, 32, 16}, 23},
+        Params{Beacon(48, 16, 3, 0, false, 0.0, 0.5, 6, true, {8, -8}), Geometry{}, 24},
+        Params{Beacon(72, 24, 1, 0, false, 0.0, 0.5, 0, true), Geometry{1, 1, 1, 8, 1}, 25}));
 
 TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   Geometry g;
   const std::vector<PolicyConfig> configs = {FullConfig{}, StreamingConfig{}, H2OConfig{},
                                              RpcConfig{}};
-  BeaconConfig pooled;
-  pooled.budget_mode = BudgetMode::kPooled;
   SnapKvConfig pooled_snapkv;
   pooled_snapkv.budget_mode = BudgetMode::kPooled;
   std::vector<PolicyConfig> all = configs;
-  all.push_back(pooled);
   all.push_back(pooled_snapkv);
   const std::vector<int32_t> positions = {0, 1, 2};
   std::vector<HeadKeys> heads(g.kv_heads, HeadKeys{nullptr, positions.data(), 3});
   for (const PolicyConfig& c : all) {
     auto state = NewPolicyState(c, ToPolicyGeometry(g), 1);
-    ASSERT_TRUE(state.ok());
+    ASSERT_TRUE(state.ok()) << PolicyName(c) << ": " << state.status();
     auto plan = (*state)->PlanScoring(0, heads, {0}, 2);
     EXPECT_TRUE(absl::IsUnimplemented(plan.status())) << PolicyName(c) << ": " << plan.status();
   }
+}
+
+// A pooled plan's selection takes the scorer's scores of every head of the layer, as planned;
+// anything else is refused with the problem named, and policies without pooled plans say so.
+TEST(PlanScoringTest, PooledSelectionRefusesScoresThatDoNotMatchThePlan) {
+  Geometry g;
+  const int32_t n = 60;
+  auto state =
+      NewPolicyState(Beacon(48, 16, 1, 1, false, 0.0, 0.5, 0, true), ToPolicyGeometry(g), 4);
+  ASSERT_TRUE(state.ok()) << state.status();
+  std::vector<int32_t> positions(n);
+  std::iota(positions.begin(), positions.end(), 0);
+  std::vector<HeadKeys> heads(g.kv_heads, HeadKeys{nullptr, positions.data(), n});
+  auto plan = (*state)->PlanScoring(0, heads, {1}, n - 1);  // one due head plans the layer
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->pooled);
+  ASSERT_EQ(plan->tasks.size(), static_cast<size_t>(g.kv_heads));
+  for (const ScoringTask& t : plan->tasks) EXPECT_EQ(t.k, 0);
+  std::vector<float> flat(n, 0.5f), short_scores(n - 1, 0.5f);
+  std::vector<absl::Span<const float>> scores(g.kv_heads, flat);
+  auto sets = (*state)->SelectFromScores(*plan, heads, scores);
+  ASSERT_TRUE(sets.ok()) << sets.status();
+  int64_t kept = 0;
+  for (const KeepSet& k : *sets) kept += static_cast<int64_t>(k.slots.size());
+  EXPECT_EQ(kept, 48 * g.kv_heads);  // the layer's pooled budget
+  auto few = (*state)->SelectFromScores(*plan, heads, absl::MakeSpan(scores).subspan(0, 1));
+  EXPECT_EQ(few.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(few.status().message().find("1 score arrays"), std::string::npos) << few.status();
+  scores[1] = short_scores;
+  auto sized = (*state)->SelectFromScores(*plan, heads, scores);
+  EXPECT_EQ(sized.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(sized.status().message().find("59 scores"), std::string::npos) << sized.status();
+  ScoringPlan uniform = *plan;
+  uniform.pooled = false;
+  EXPECT_EQ((*state)->SelectFromScores(uniform, heads, scores).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto tova = NewPolicyState(Tova(48, 16), ToPolicyGeometry(g), 4);
+  ASSERT_TRUE(tova.ok());
+  EXPECT_TRUE(absl::IsUnimplemented((*tova)->SelectFromScores(*plan, heads, scores).status()));
 }
 
 // prompt_slots becomes a reserved region in the plans of the layers it acts in: the head's

@@ -190,12 +190,14 @@ def test_gemm_path_agrees_with_the_batch_invariant_path(prompts, tok):
     assert greedy_fast == greedy_exact
 
 
-def test_paged_scorer_makes_the_host_decisions_on_the_shipped_model(prompts):
+@pytest.mark.parametrize("spec", ["beacon", "beacon-pooled"])
+def test_paged_scorer_makes_the_host_decisions_on_the_shipped_model(prompts, spec):
     """scorer="paged" (the GPU pipeline's CPU twin over the block tables) against the policy's
     own scoring: the tiny model's greedy tokens and evictions are the same, under eviction
-    at the shipped beacon defaults squeezed to a short generation."""
+    at the shipped beacon defaults squeezed to a short generation, with uniform and pooled
+    budgets (pooled: the scorer scores every head, the policy selects from the scores)."""
     ids, _ = prompts
-    policy = beaconkv.make_policy_config("beacon", 64, interval=16)
+    policy = beaconkv.make_policy_config(spec, 64, interval=16)
     host, host_eng, host_outs = generate(ids, max_new=300, with_outputs=True, policy=policy,
                                          max_batch=4)
     paged, paged_eng, paged_outs = generate(ids, max_new=300, with_outputs=True, policy=policy,

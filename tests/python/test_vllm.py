@@ -141,15 +141,17 @@ def test_beacon_with_the_paged_scorer_matches_our_engine(tmp_path, engine_refs):
     check_against_engine(ours, engine_refs, "beacon@158, scorer=paged")
 
 
-def paged_beacon_with_knobs(tmp_path, tok, name: str, budget: int, knobs: dict):
-    """vLLM with beacon at `budget` and `knobs`, scored by the paged scorer, on 8 dev problems,
-    and the engine references for check_against_engine (the same policy; the full cache)."""
+def paged_beacon_with_knobs(tmp_path, tok, name: str, budget: int, knobs: dict,
+                            policy: str = "beacon"):
+    """vLLM with `policy` (beacon or beacon-pooled) at `budget` and `knobs`, scored by the paged
+    scorer, on 8 dev problems, and the engine references for check_against_engine (the same
+    policy; the full cache)."""
     prompts = dev_prompts(tok, 8)
     refs = (prompts,
-            engine_run(beaconkv.make_policy_config("beacon", budget, knobs=knobs), prompts, 1200),
+            engine_run(beaconkv.make_policy_config(policy, budget, knobs=knobs), prompts, 1200),
             engine_run("full", prompts, 1200))
     ours = run_vllm(tmp_path, name,
-                    beaconkv={"policy": "beacon", "budget": budget, "knobs": knobs,
+                    beaconkv={"policy": policy, "budget": budget, "knobs": knobs,
                               "scorer": "paged"},
                     prompts=prompts, max_tokens=[1200] * len(prompts), logprobs=3)
     assert ours["stats"]["tokens_evicted"] > 0
@@ -183,12 +185,15 @@ def test_beacon_with_prompt_slots_matches_our_engine(tmp_path, tok):
                          later_bound=0.5)
 
 
-def test_beacon_with_layer_budgets_matches_our_engine(tmp_path, tok):
+@pytest.mark.parametrize("policy", ["beacon", "beacon-pooled"])
+def test_beacon_with_layer_budgets_matches_our_engine(tmp_path, tok, policy):
     """layer_budget_offsets inside vLLM: each layer of the pool compresses on its own budget,
-    planned for the paged scorer, against our engine with the same knobs."""
-    ours, refs = paged_beacon_with_knobs(tmp_path, tok, "beacon_layer_budgets", 96,
-                                         {"interval": 32, "layer_budget_offsets": "0/-16/16/0"})
-    check_against_engine(ours, refs, "beacon@96/32, layer_budget_offsets=0/-16/16/0, "
+    planned for the paged scorer (pooled: the scorer scores every head of the layer and the
+    policy selects across them), against our engine with the same knobs."""
+    ours, refs = paged_beacon_with_knobs(tmp_path, tok, f"{policy}_layer_budgets", 96,
+                                         {"interval": 32, "layer_budget_offsets": "0/-16/16/0"},
+                                         policy)
+    check_against_engine(ours, refs, f"{policy}@96/32, layer_budget_offsets=0/-16/16/0, "
                          "scorer=paged", later_bound=0.5)
 
 
