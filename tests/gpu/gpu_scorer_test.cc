@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <tuple>
 #include <vector>
 
+#include "core/policy.h"
 #include "kernels/segmented_topk_cpu.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -198,6 +200,96 @@ INSTANTIATE_TEST_SUITE_P(
              KvDtype::kFloat32, false, true},
         Case{128, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 3, QueryReduction::kMax, false,
              KvDtype::kBFloat16, true, true}));
+
+// A pooled beacon plan (every head of the layer a task, k = 0): the device's scores handed to
+// the policy's selection (SelectFromScores) keep what the twin's scores make it keep, but for
+// near-ties at the layer's cut, and the layer keeps its pooled budget either way.
+TEST(GpuScorerPooledTest, PooledPlansSelectFromTheDevicesScoresAsFromTheTwins) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int32_t kKvHeads = 4, kGroup = 2, kDim = 64, kBlock = 16, kPrompt = 24;
+  BeaconConfig config;
+  config.budget = 96;
+  config.interval = 32;
+  config.budget_mode = BudgetMode::kPooled;
+  config.coverage_layers = 1;
+  PolicyGeometry geometry;
+  geometry.num_layers = 2;
+  geometry.num_kv_heads = kKvHeads;
+  geometry.group_size = kGroup;
+  geometry.rope.head_dim = kDim;
+  geometry.rope.rope_theta = 10000.0;
+  auto state = NewPolicyState(config, geometry, kPrompt);
+  ASSERT_TRUE(state.ok()) << state.status();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int32_t n = config.budget + config.interval;  // every head due
+  // Layer 1 (no coverage sample): each head's n tokens in shuffled slots of its own blocks.
+  const int32_t layer = 1, blocks_per_head = (n + kBlock - 1) / kBlock;
+  const int32_t num_blocks = 1 + kKvHeads * blocks_per_head;
+  CpuKvStore host(num_blocks, kBlock, kDim);
+  std::vector<float> keys(static_cast<size_t>(num_blocks) * kBlock * kDim);
+  for (float& x : keys) x = normal(rng);
+  for (BlockId b = 0; b < num_blocks; ++b) {
+    for (int32_t o = 0; o < kBlock; ++o) {
+      std::copy_n(keys.begin() + (static_cast<size_t>(b) * kBlock + o) * kDim, kDim,
+                  host.key({b, o}));
+    }
+  }
+  const std::vector<uint8_t> key_bytes = gpu_test::Store(keys, KvDtype::kFloat32);
+  DeviceBuffer dk(key_bytes), dv(key_bytes.size()), dp(keys.size() / kDim * sizeof(int32_t));
+  CudaKvStore device(dk.as<void>(), dv.as<void>(), dp.as<int32_t>(), num_blocks, kBlock, kDim,
+                     KvDtype::kFloat32);
+  std::vector<std::vector<BlockId>> tables(kKvHeads);
+  std::vector<std::vector<int32_t>> positions(kKvHeads);
+  std::vector<HeadKeys> heads(kKvHeads);
+  for (int32_t h = 0; h < kKvHeads; ++h) {
+    for (int32_t b = 0; b < blocks_per_head; ++b) tables[h].push_back(1 + h * blocks_per_head + b);
+    positions[h].resize(n);
+    std::iota(positions[h].begin(), positions[h].end(), 0);
+    std::shuffle(positions[h].begin(), positions[h].end(), rng);
+    heads[h] = {nullptr, positions[h].data(), n};
+  }
+  // Queries for every position, so that the recent rings and beacon buffers are full.
+  std::vector<float> pre(static_cast<size_t>(kGroup) * kDim), post(pre.size());
+  for (int32_t p = 0; p < n; ++p) {
+    for (int32_t h = 0; h < kKvHeads; ++h) {
+      for (float& x : pre) x = normal(rng);
+      for (float& x : post) x = normal(rng);
+      ASSERT_TRUE((*state)->Observe(layer, h, {p, pre.data(), post.data()}, nullptr).ok());
+    }
+  }
+  auto plan = (*state)->PlanScoring(layer, heads, {0, 1, 2, 3}, n - 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->pooled);
+  ASSERT_EQ(plan->tasks.size(), static_cast<size_t>(kKvHeads));
+  std::vector<ScoringJob> jobs;
+  for (const ScoringTask& t : plan->tasks)
+    jobs.push_back({tables[t.kv_head], positions[t.kv_head], &t});
+  const ScoringShape shape = ScoringShape::Of(*plan, kDim, kBlock);
+  ScoringResult want, got;
+  PagedTwinScorer twin(&host);
+  ASSERT_TRUE(twin.Score(shape, jobs, &want).ok());
+  GpuScorer gpu(&device);
+  ASSERT_TRUE(gpu.Score(shape, jobs, &got).ok());
+  auto select = [&](const ScoringResult& r) {
+    std::vector<absl::Span<const float>> scores;
+    for (int32_t j = 0; j < kKvHeads; ++j) scores.push_back(r.ScoresOf(j));
+    return (*state)->SelectFromScores(*plan, heads, scores);
+  };
+  const auto from_twin = select(want), from_gpu = select(got);
+  ASSERT_TRUE(from_twin.ok() && from_gpu.ok()) << from_twin.status() << from_gpu.status();
+  int64_t kept = 0, differ = 0;
+  for (int32_t h = 0; h < kKvHeads; ++h) {
+    const std::vector<int32_t>& a = (*from_twin)[h].slots;
+    const std::vector<int32_t>& b = (*from_gpu)[h].slots;
+    kept += static_cast<int64_t>(b.size());
+    std::vector<int32_t> only;
+    std::set_symmetric_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(only));
+    differ += static_cast<int64_t>(only.size());
+  }
+  EXPECT_EQ(kept, int64_t{config.budget} * kKvHeads);
+  EXPECT_LE(differ, 4);  // a swapped near-tie at the cut counts twice
+}
 
 TEST(GpuScorerErrorsTest, ShapesTheKernelsDoNotTakeAreInvalidArguments) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
