@@ -14,8 +14,8 @@ NumPy reference runs:
    least need to the one with the most) and the proportional move (each layer's offset
    proportional to its need's distance from the mean, the largest S, in multiples of
    --quantum, summing to 0).
-4. Evaluate every candidate on every split and keep the best mean accuracy (the uniform
-   budgets when nothing beats them).
+4. Evaluate every candidate on every split with --eval-policy (beacon, or beacon-pooled for
+   pooled budgets) and keep the best mean accuracy (no offsets when nothing beats them).
 
 Tuning splits only: check the result once on held-out splits afterwards.
 
@@ -95,12 +95,12 @@ def parse_split(spec: str, default_interval: int) -> tuple[str, int]:
 
 
 def evaluate_split(model: str, split: str, budget: int, interval: int, knobs: dict,
-                   num: int | None) -> tuple[float, int, list[dict]]:
-    """(accuracy, problems, the problems answered wrong) of beacon on one split."""
+                   num: int | None, policy: str = "beacon") -> tuple[float, int, list[dict]]:
+    """(accuracy, problems, the problems answered wrong) of `policy` on one split."""
     from beaconkv.evaluate import evaluate
 
     fails: list[dict] = []
-    r = evaluate(model, split, "beacon", budget, num=num, interval=interval,
+    r = evaluate(model, split, policy, budget, num=num, interval=interval,
                  policy_knobs=knobs or None,
                  on_output=lambda p, o: None if o["correct"] else fails.append(p))
     return r.accuracy, r.num_problems, fails
@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantum", type=int, default=8,
                     help="offsets are multiples of this (default 8, the pool's block)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the oracle's sample")
+    ap.add_argument("--eval-policy", choices=["beacon", "beacon-pooled"], default="beacon",
+                    help="the policy the candidates are judged with (the oracle replays uniform "
+                         "budgets either way; default beacon)")
     ap.add_argument("--json", help="write the runs and the choice here")
     a = ap.parse_args(argv)
     knobs = dict(k.split("=", 1) for k in a.knob)
@@ -154,15 +157,20 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
 
-    report: dict = {"model": a.model, "budget": a.budget, "knobs": knobs, "splits": [],
+    report: dict = {"model": a.model, "budget": a.budget, "knobs": knobs,
+                    "eval_policy": a.eval_policy, "splits": [],
                     "candidates": []}
     need: list[float] | None = None
     base_acc = []
     for split, interval in splits:
         acc, n, fails = evaluate_split(a.model, split, a.budget, interval, knobs, a.num)
+        uniform_acc = acc
+        if a.eval_policy != "beacon":  # the baseline the candidates must beat
+            acc = evaluate_split(a.model, split, a.budget, interval, knobs, a.num,
+                                 a.eval_policy)[0]
         base_acc.append(acc)
         entry = {"split": split, "interval": interval, "problems": n, "accuracy": acc,
-                 "failures": len(fails)}
+                 "uniform_accuracy": uniform_acc, "failures": len(fails)}
         if fails:
             repairs, sampled = layer_repairs(a.model, fails, a.budget, interval, knobs,
                                              a.oracle_sample, a.seed)
@@ -170,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             scaled = [r / sampled * len(fails) for r in repairs]
             need = scaled if need is None else [x + y for x, y in zip(need, scaled)]
         report["splits"].append(entry)
-        print(f"{split} @ {interval}: uniform {acc:.3f} ({len(fails)} of {n} wrong)"
+        print(f"{split} @ {interval}: {a.eval_policy} {acc:.3f} (uniform: {len(fails)} of {n} "
+              f"wrong)"
               + (f"; the oracle in one layer repairs {entry['repairs_per_layer']} of "
                  f"{entry['oracle_sample']} sampled" if fails else ""), flush=True)
     best = {"offsets": None, "mean_accuracy": sum(base_acc) / len(base_acc)}
@@ -183,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         for offsets in candidates(need, steps, a.quantum):
             run_knobs = dict(knobs, layer_budget_offsets=knob_text(offsets))
             try:
-                accs = [evaluate_split(a.model, s, a.budget, i, run_knobs, a.num)[0]
-                        for s, i in splits]
+                accs = [evaluate_split(a.model, s, a.budget, i, run_knobs, a.num,
+                                       a.eval_policy)[0] for s, i in splits]
             except ValueError as e:  # e.g. a layer pushed below n_recent + n_sinks
                 print(f"  {knob_text(offsets):>16}: skipped ({e})")
                 continue
@@ -197,10 +206,10 @@ def main(argv: list[str] | None = None) -> int:
                 best = {"offsets": offsets, "mean_accuracy": mean}
     report["choice"] = best
     if best["offsets"] is None:
-        print(f"keep uniform budgets (mean {best['mean_accuracy']:.3f})")
+        print(f"keep equal layer budgets (mean {best['mean_accuracy']:.3f})")
     else:
         print(f"choice: --knob layer_budget_offsets={knob_text(best['offsets'])} "
-              f"(mean {best['mean_accuracy']:.3f} against uniform "
+              f"(mean {best['mean_accuracy']:.3f} against no offsets "
               f"{sum(base_acc) / len(base_acc):.3f})")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:

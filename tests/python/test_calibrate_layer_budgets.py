@@ -79,7 +79,8 @@ def test_a_run_on_three_dev_problems(tmp_path):
     report = json.loads(out.read_text())
     (entry,) = report["splits"]
     assert entry["problems"] == 3 and entry["interval"] == 32
-    assert entry["failures"] == round(3 * (1 - entry["accuracy"])) > 0
+    assert entry["failures"] == round(3 * (1 - entry["uniform_accuracy"])) > 0
+    assert entry["accuracy"] == entry["uniform_accuracy"]  # --eval-policy beacon
     assert len(entry["repairs_per_layer"]) == 4
     assert all(0 <= r <= entry["oracle_sample"] for r in entry["repairs_per_layer"])
     assert report["candidates"], "no candidate ran"
@@ -92,3 +93,33 @@ def test_a_run_on_three_dev_problems(tmp_path):
                    for c in report["candidates"])
     with pytest.raises(SystemExit):
         tool.main(["--split", "dev", "--budget", "96", "--knob", "layer_budget_offsets=0/0/0/0"])
+    with pytest.raises(SystemExit):
+        tool.main(["--split", "dev", "--budget", "96", "--eval-policy", "h2o"])
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(MODEL, "config.json")),
+                    reason="tiny-reasoner checkpoint not present")
+def test_pooled_candidates_are_judged_pooled(tmp_path):
+    from beaconkv.evaluate import evaluate
+    from beaconkv.task import read_split
+
+    tool = load_tool()
+    problems = [p for p in read_split(os.path.join(MODEL, "data", "dev.jsonl"))
+                if p["id"] == "1001-108"]
+    split = tmp_path / "one.jsonl"
+    split.write_text(json.dumps(problems[0]) + "\n")
+    out = tmp_path / "out.json"
+    assert tool.main(["--model", MODEL, "--split", f"{split}@32", "--budget", "96",
+                      "--steps", "16", "--oracle-sample", "1", "--eval-policy", "beacon-pooled",
+                      "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["eval_policy"] == "beacon-pooled"
+    (entry,) = report["splits"]
+    pooled = evaluate(MODEL, str(split), "beacon-pooled", 96, interval=32).accuracy
+    assert entry["accuracy"] == pooled and entry["uniform_accuracy"] == 0.0
+    assert report["candidates"], "no candidate ran"
+    for c in report["candidates"]:
+        knob = "/".join(str(o) for o in c["offsets"])
+        want = evaluate(MODEL, str(split), "beacon-pooled", 96, interval=32,
+                        policy_knobs={"layer_budget_offsets": knob}).accuracy
+        assert c["accuracy"] == [want]
