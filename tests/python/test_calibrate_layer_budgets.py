@@ -18,6 +18,19 @@ def load_tool():
     return mod
 
 
+def write_dev_problems(path, ids):
+    """The dev problems with these ids, as a split file at `path`."""
+    from beaconkv.task import read_split
+
+    problems = [p for p in read_split(os.path.join(MODEL, "data", "dev.jsonl")) if p["id"] in ids]
+    path.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    return path
+
+
+needs_model = pytest.mark.skipif(not os.path.isfile(os.path.join(MODEL, "config.json")),
+                                 reason="tiny-reasoner checkpoint not present")
+
+
 def test_pair_moves_from_the_least_to_the_most_needy_layer():
     tool = load_tool()
     assert tool.pair_offsets([11, 7, 24, 31], 16) == [0, -16, 0, 16]
@@ -59,19 +72,12 @@ def test_split_specs():
             tool.parse_split(bad, 32)
 
 
-@pytest.mark.skipif(not os.path.isfile(os.path.join(MODEL, "config.json")),
-                    reason="tiny-reasoner checkpoint not present")
+@needs_model
 def test_a_run_on_three_dev_problems(tmp_path):
-    from beaconkv.task import read_split
-
     tool = load_tool()
     # Three dev problems beacon answers wrong at 96 / 32 with the defaults (2026-12-05), so
     # the oracle has failures to replay.
-    wanted = {"1001-108", "1001-11", "1001-128"}
-    problems = [p for p in read_split(os.path.join(MODEL, "data", "dev.jsonl"))
-                if p["id"] in wanted]
-    split = tmp_path / "three.jsonl"
-    split.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    split = write_dev_problems(tmp_path / "three.jsonl", {"1001-108", "1001-11", "1001-128"})
     out = tmp_path / "out.json"
     # Step 48 takes a layer below n_recent + n_sinks (52): those candidates are skipped.
     assert tool.main(["--model", MODEL, "--split", f"{split}@32", "--budget", "96",
@@ -97,17 +103,12 @@ def test_a_run_on_three_dev_problems(tmp_path):
         tool.main(["--split", "dev", "--budget", "96", "--eval-policy", "h2o"])
 
 
-@pytest.mark.skipif(not os.path.isfile(os.path.join(MODEL, "config.json")),
-                    reason="tiny-reasoner checkpoint not present")
+@needs_model
 def test_pooled_candidates_are_judged_pooled(tmp_path):
     from beaconkv.evaluate import evaluate
-    from beaconkv.task import read_split
 
     tool = load_tool()
-    problems = [p for p in read_split(os.path.join(MODEL, "data", "dev.jsonl"))
-                if p["id"] == "1001-108"]
-    split = tmp_path / "one.jsonl"
-    split.write_text(json.dumps(problems[0]) + "\n")
+    split = write_dev_problems(tmp_path / "one.jsonl", {"1001-108"})
     out = tmp_path / "out.json"
     assert tool.main(["--model", MODEL, "--split", f"{split}@32", "--budget", "96",
                       "--steps", "16", "--oracle-sample", "1", "--eval-policy", "beacon-pooled",
@@ -119,7 +120,7 @@ def test_pooled_candidates_are_judged_pooled(tmp_path):
     assert entry["accuracy"] == pooled and entry["uniform_accuracy"] == 0.0
     assert report["candidates"], "no candidate ran"
     for c in report["candidates"]:
-        knob = "/".join(str(o) for o in c["offsets"])
         want = evaluate(MODEL, str(split), "beacon-pooled", 96, interval=32,
-                        policy_knobs={"layer_budget_offsets": knob}).accuracy
+                        policy_knobs={"layer_budget_offsets": tool.knob_text(c["offsets"])}
+                        ).accuracy
         assert c["accuracy"] == [want]
