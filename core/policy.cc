@@ -1,6 +1,7 @@
 #include "core/policy.h"
 
 #include <algorithm>
+#include <numeric>
 #include <type_traits>
 #include <variant>
 
@@ -81,6 +82,14 @@ absl::StatusOr<std::vector<KeepSet>> PolicyState::SelectFromScores(
       "policy %s: plans no pooled layer, so it has no selection from scores", policy_name()));
 }
 
+absl::Span<const int32_t> PolicyState::CoveredHeads(bool pooled, absl::Span<const int32_t> due,
+                                                    std::vector<int32_t>* all) const {
+  if (!pooled) return due;
+  all->resize(geometry_.num_kv_heads);
+  std::iota(all->begin(), all->end(), 0);
+  return *all;
+}
+
 absl::StatusOr<ScoringPlan> PolicyState::PlanScored(int32_t layer, absl::Span<const HeadKeys> heads,
                                                     absl::Span<const int32_t> due,
                                                     const PlanHooks& hooks) const {
@@ -88,10 +97,7 @@ absl::StatusOr<ScoringPlan> PolicyState::PlanScored(int32_t layer, absl::Span<co
   BKV_RETURN_IF_ERROR(CheckCompressArgs(layer, heads, due, /*all_heads=*/pooled,
                                         /*need_keys=*/false));
   std::vector<int32_t> all;
-  if (pooled) {
-    for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) all.push_back(h);
-    due = all;
-  }
+  due = CoveredHeads(pooled, due, &all);
   ScoringPlan plan = hooks.shape;
   plan.layer = layer;
   plan.pooled = pooled;
@@ -157,10 +163,7 @@ absl::StatusOr<std::vector<KeepSet>> PolicyState::CompressScored(int32_t layer,
   const bool pooled = hooks.mode == BudgetMode::kPooled;
   BKV_RETURN_IF_ERROR(CheckCompressArgs(layer, heads, due, pooled, need_keys));
   std::vector<int32_t> all;
-  if (pooled) {
-    for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) all.push_back(h);
-    due = all;
-  }
+  due = CoveredHeads(pooled, due, &all);
   std::vector<internal::ScoredHead> scored;
   scored.reserve(due.size());
   for (int32_t h : due) {

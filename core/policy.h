@@ -153,6 +153,10 @@ class PolicyState {
   absl::Status CheckCompressArgs(int32_t layer, absl::Span<const HeadKeys> heads,
                                  absl::Span<const int32_t> due, bool all_heads,
                                  bool need_keys = true) const;
+  // The heads a compression covers: `due`, or every head of the layer when pooled (then
+  // held in *all, which must outlive the returned span).
+  absl::Span<const int32_t> CoveredHeads(bool pooled, absl::Span<const int32_t> due,
+                                         std::vector<int32_t>* all) const;
 
   // What a policy that scores each head on its own (streaming, h2o, tova, snapkv, rkv,
   // beacon) tells CompressScored.

@@ -74,7 +74,7 @@ absl::StatusOr<std::vector<std::vector<KeepSet>>> ScoredKeepSets(
     ScoringPlan plan;
     std::vector<std::vector<int32_t>> positions;   // [kv_head][slot]
     std::vector<std::vector<BlockId>> tables;      // [task]
-    std::vector<absl::Span<const uint8_t>> masks;  // [task], into `results`
+    std::vector<absl::Span<const uint8_t>> masks;  // [task], into `results` (uniform plans)
     std::vector<absl::Span<const float>> scores;   // [task], into `results` (pooled plans)
   };
   const KvShape& shape = bm.shape();
@@ -135,8 +135,13 @@ absl::StatusOr<std::vector<std::vector<KeepSet>>> ScoredKeepSets(
     results.emplace_back();
     BKV_RETURN_IF_ERROR(scorer.Score(sshape, jobs, &results.back()));
     for (size_t j = 0; j < jobs.size(); ++j) {
-      planned[owner[j]].masks.push_back(results.back().KeepOf(static_cast<int32_t>(j)));
-      planned[owner[j]].scores.push_back(results.back().ScoresOf(static_cast<int32_t>(j)));
+      // A uniform plan keeps the scorer's masks; a pooled one selects from its scores.
+      Planned& p = planned[owner[j]];
+      if (p.plan.pooled) {
+        p.scores.push_back(results.back().ScoresOf(static_cast<int32_t>(j)));
+      } else {
+        p.masks.push_back(results.back().KeepOf(static_cast<int32_t>(j)));
+      }
     }
   }
   std::vector<std::vector<KeepSet>> out(targets.size());
