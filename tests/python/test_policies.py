@@ -42,7 +42,9 @@ def test_config_classes_round_trip(name):
 def test_documented_defaults():
     b = beaconkv.BeaconConfig()
     assert (b.budget, b.interval, b.n_recent, b.n_beacons, b.buffer_max, b.buffer_min) == (
-        2048, 128, 48, 256, 512, 256)
+        2048, 32, 48, 256, 512, 256)
+    # Every token outlives one compression among the protected newest (docs/policies.md).
+    assert b.interval <= b.n_recent
     assert (b.pool_kernel, b.protect_prompt, b.budget_mode, b.coverage_layers) == (
         1, False, "uniform", 1)
     r = beaconkv.RKVConfig()
