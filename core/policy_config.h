@@ -97,7 +97,7 @@ struct BeaconConfig {
   int32_t budget = 2048;
   // 32, not the other policies' 128: every token must outlive one compression inside the
   // protected newest n_recent, or it is judged before any query has shown that it is needed.
-  // Above n_recent (48) the tiny reasoner loses 10-20 points at budget 128 (interval 56-128),
+  // Above n_recent (48) the tiny reasoner loses 10-22 points at budget 128 (interval 56-128),
   // and 32 keeps more answers at a lower peak. Why: docs/results/accuracy.md, "The default
   // interval".
   int32_t interval = 32;
