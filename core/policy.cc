@@ -429,9 +429,14 @@ KeepSet ToKeepSet(int32_t layer, int32_t kv_head, const OrderedHead& ordered,
                   absl::Span<const int32_t> indexes) {
   KeepSet keep{layer, kv_head, {}};
   keep.slots.reserve(indexes.size());
-  for (int32_t i : indexes) keep.slots.push_back(ordered.slot(i));
-  if (!std::is_sorted(keep.slots.begin(), keep.slots.end())) {
-    std::sort(keep.slots.begin(), keep.slots.end());
+  // Slots are [0, n): mark them, then read them out in order (no sort).
+  std::vector<uint8_t> kept(ordered.size(), 0);
+  for (int32_t i : indexes) {
+    BKV_CHECK(i >= 0 && i < ordered.size() && !kept[ordered.slot(i)]);
+    kept[ordered.slot(i)] = 1;
+  }
+  for (int32_t slot = 0; slot < ordered.size(); ++slot) {
+    if (kept[slot]) keep.slots.push_back(slot);
   }
   return keep;
 }

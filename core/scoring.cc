@@ -185,12 +185,12 @@ __attribute__((target("avx512f"))) void LogitRows(const float* kt, int32_t n, in
   }
 }
 
-// ExpApprox on 16 lanes (the same steps).
+// ExpApprox's polynomial on 16 lanes, with AVX-512's own steps around it: n = round(x log2 e)
+// by roundscale, and 2^n applied by scalef (which also takes x below -87 to 0 or a
+// denormal, where ExpApprox clamps): five fewer instructions per vector.
 __attribute__((target("avx512f"))) inline __m512 ExpApprox16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 magic = _mm512_set1_ps(12582912.0f);
-  const __m512 n =
-      _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
   __m512 p = _mm512_set1_ps(1.9875691500e-4f);
@@ -200,9 +200,29 @@ __attribute__((target("avx512f"))) inline __m512 ExpApprox16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   const __m512 e = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512i bits =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
+  return _mm512_scalef_ps(e, n);
+}
+
+// Natural log on 16 lanes of positive normal floats: x = m 2^e with m in [sqrt(1/2),
+// sqrt(2)) (getmant, getexp), log(m) = y - y^2 / 2 + y^3 P(y) with y = m - 1 (Cephes' logf
+// polynomial), plus e ln 2 in two parts.
+__attribute__((target("avx512f"))) inline __m512 LogApprox16(__m512 x) {
+  // (The masked forms with every lane set: the plain ones trip GCC 12's -Wuninitialized.)
+  __m512 m = _mm512_mask_getmant_ps(x, 0xFFFF, x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
+  __m512 e = _mm512_mask_getexp_ps(x, 0xFFFF, x);
+  const __mmask16 high = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356f), _CMP_GT_OQ);
+  m = _mm512_mask_mul_ps(m, high, m, _mm512_set1_ps(0.5f));
+  e = _mm512_mask_add_ps(e, high, e, _mm512_set1_ps(1.0f));
+  const __m512 y = _mm512_sub_ps(m, _mm512_set1_ps(1.0f));
+  const __m512 z = _mm512_mul_ps(y, y);
+  __m512 p = _mm512_set1_ps(7.0376836292e-2f);
+  for (const float c : {-1.1514610310e-1f, 1.1676998740e-1f, -1.2420140846e-1f, 1.4249322787e-1f,
+                        -1.6668057665e-1f, 2.0000714765e-1f, -2.4999993993e-1f, 3.3333331174e-1f})
+    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(c));
+  __m512 r = _mm512_mul_ps(_mm512_mul_ps(p, y), z);
+  r = _mm512_fmadd_ps(e, _mm512_set1_ps(-2.12194440e-4f), r);
+  r = _mm512_fnmadd_ps(z, _mm512_set1_ps(0.5f), r);
+  return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693359375f), _mm512_add_ps(y, r));
 }
 
 // sum over j < n of exp(row[j] - shift); row is padded to a multiple of 16.
@@ -227,13 +247,32 @@ __attribute__((target("avx512f"))) float ExpShiftSum16(const float* row, int32_t
   return sum;
 }
 
-// acc[j] = max(acc[j], row[j] - shift) for j < n; acc and row are padded to a multiple of 16.
-__attribute__((target("avx512f"))) void MaxShiftedInto16(float* acc, const float* row, int32_t n,
-                                                         float shift) {
-  const __m512 s = _mm512_set1_ps(shift);
-  for (int32_t j = 0; j < n; j += 16) {
-    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(row + j), s);
-    _mm512_storeu_ps(acc + j, _mm512_max_ps(_mm512_loadu_ps(acc + j), x));
+// The NR rows of `tile` ([NR][n16], n keys): each row's log-sum-exp (its largest logit in
+// row_max[r], then one vector log for all NR), then best[j] = max(best[j], row[j] - lse) over
+// the NR rows in one pass over `best` (padded to n16 like the rows).
+template <int NR>
+__attribute__((target("avx512f"))) void FoldRows(const float* tile, int32_t n, int32_t n16,
+                                                 const float* row_max, float* best) {
+  alignas(64) float sums[16];
+  alignas(64) float maxes[16];
+  std::fill_n(sums, 16, 1.0f);
+  std::fill_n(maxes, 16, 0.0f);
+  for (int r = 0; r < NR; ++r) {
+    sums[r] = ExpShiftSum16(tile + static_cast<size_t>(r) * n16, n, row_max[r]);
+    maxes[r] = row_max[r];
+  }
+  alignas(64) float lse[16];
+  _mm512_store_ps(lse, _mm512_add_ps(_mm512_load_ps(maxes), LogApprox16(_mm512_load_ps(sums))));
+  __m512 shift[NR];
+  for (int r = 0; r < NR; ++r) shift[r] = _mm512_set1_ps(lse[r]);
+  for (int32_t j = 0; j < n16; j += 16) {
+    __m512 b = _mm512_loadu_ps(best + j);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512 x = _mm512_loadu_ps(tile + static_cast<size_t>(r) * n16 + j);
+      b = _mm512_max_ps(b, _mm512_sub_ps(x, shift[r]));
+    }
+    _mm512_storeu_ps(best + j, b);
   }
 }
 
@@ -260,21 +299,20 @@ void MaxProbScoresAvx512(const float* keys, int32_t n, int32_t d, const float* q
     switch (nr) {
       case 4:
         LogitRows<4>(kt, n, n16, d, q, scale, tile, row_max);
+        FoldRows<4>(tile, n, n16, row_max, best);
         break;
       case 3:
         LogitRows<3>(kt, n, n16, d, q, scale, tile, row_max);
+        FoldRows<3>(tile, n, n16, row_max, best);
         break;
       case 2:
         LogitRows<2>(kt, n, n16, d, q, scale, tile, row_max);
+        FoldRows<2>(tile, n, n16, row_max, best);
         break;
       default:
         LogitRows<1>(kt, n, n16, d, q, scale, tile, row_max);
+        FoldRows<1>(tile, n, n16, row_max, best);
         break;
-    }
-    for (int32_t r = 0; r < nr; ++r) {
-      const float* row = tile + static_cast<size_t>(r) * n16;
-      const float lse = row_max[r] + std::log(ExpShiftSum16(row, n, row_max[r]));
-      MaxShiftedInto16(best, row, n16, lse);
     }
   }
   std::copy_n(best, n, out);
@@ -327,12 +365,21 @@ OrderedHead::OrderedHead(const HeadKeys& head, int32_t head_dim)
       positions_(head.positions) {
   BKV_CHECK(num_tokens_ >= 0);
   if (std::is_sorted(head.positions, head.positions + num_tokens_)) return;
+  // (position, slot) packed in one integer: a plain integer sort, ties (which positions do
+  // not have) to the lower slot as the stable order would.
+  std::vector<uint64_t> packed(num_tokens_);
+  for (int32_t i = 0; i < num_tokens_; ++i) {
+    packed[i] =
+        (static_cast<uint64_t>(static_cast<uint32_t>(head.positions[i]) ^ 0x80000000u) << 32) |
+        static_cast<uint32_t>(i);
+  }
+  std::sort(packed.begin(), packed.end());
   order_.resize(num_tokens_);
-  std::iota(order_.begin(), order_.end(), 0);
-  std::sort(order_.begin(), order_.end(),
-            [&](int32_t a, int32_t b) { return head.positions[a] < head.positions[b]; });
   sorted_pos_.resize(num_tokens_);
-  for (int32_t i = 0; i < num_tokens_; ++i) sorted_pos_[i] = head.positions[order_[i]];
+  for (int32_t i = 0; i < num_tokens_; ++i) {
+    order_[i] = static_cast<int32_t>(packed[i] & 0xFFFFFFFFu);
+    sorted_pos_[i] = head.positions[order_[i]];
+  }
   positions_ = sorted_pos_.data();
   if (head.keys == nullptr) return;  // positions only (planning for an external scorer)
   gathered_.resize(static_cast<size_t>(num_tokens_) * head_dim);

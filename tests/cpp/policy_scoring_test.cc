@@ -121,6 +121,31 @@ TEST(AttentionScoresTest, MaxProbsMatchesNaiveAcrossTheFusedKernelsReach) {
   }
 }
 
+// The fused kernel's exp and log at the ends of their ranges: rows whose logits spread over
+// hundreds (most terms of a row's sum underflow to zero), rows of equal logits over many keys
+// (a sum of ~n, its log far from 0), and a zero query (every logit 0). The scores stay those
+// of the double-precision reference.
+TEST(AttentionScoresTest, MaxProbsMatchesNaiveAtExtremeLogits) {
+  constexpr int32_t d = 32;
+  std::mt19937 rng(7);
+  for (const auto& [n, nq, scale] : {std::tuple{200, 9, 40.0f}, std::tuple{77, 4, 150.0f},
+                                     std::tuple{1000, 5, 0.01f}, std::tuple{33, 6, 0.0f}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n << " queries " << nq << " scale " << scale);
+    std::vector<float> keys = Random(rng, static_cast<size_t>(n) * d);
+    for (int32_t j = 1; j < n; j += 3) {  // repeated keys: equal logits in every row
+      std::copy_n(keys.begin(), d, keys.begin() + static_cast<size_t>(j) * d);
+    }
+    const std::vector<float> q = Random(rng, static_cast<size_t>(nq) * d, scale);
+    std::vector<float> out(n);
+    ScoreScratch scratch;
+    AttentionScores(keys.data(), 0, n, d, q.data(), nq, 1,
+                    {GqaReduction::kMaxProbs, QueryReduction::kMax}, out.data(), &scratch);
+    const std::vector<double> ref =
+        NaiveScores(keys, 0, n, d, q, nq, 1, GqaReduction::kMaxProbs, QueryReduction::kMax);
+    for (int32_t j = 0; j < n; ++j) ASSERT_NEAR(out[j], ref[j], 2e-5 * std::max(1.0, ref[j])) << j;
+  }
+}
+
 TEST(SoftmaxTest, StableForLargeAndEqualLogits) {
   std::vector<float> x = {1000.0f, 1000.0f, -1000.0f};
   SoftmaxInPlace(x.data(), 3);
