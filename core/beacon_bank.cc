@@ -445,27 +445,19 @@ FpsKernels PickKernels() {
   return Kernel(internal::FpsKernel::kPortable);
 }
 
-// A hash of a row's bits: 16 lanes of 32-bit multiply-xor over the words (one vector per 16
-// words), folded with distinct odd weights. Equal rows hash equal; the table compares rows
-// in full, so the hash only spreads them.
-BKV_MULTIVERSION uint64_t RowHash(const float* p, int32_t dim) {
-  uint32_t lane[16];
-  for (uint32_t l = 0; l < 16; ++l) lane[l] = 0x9E3779B9u * (l + 1);
-  int32_t d = 0;
-  for (; d + 16 <= dim; d += 16) {
-    uint32_t w[16];
-    std::memcpy(w, p + d, sizeof(w));
-    for (int32_t l = 0; l < 16; ++l) lane[l] = (lane[l] ^ w[l]) * 0x85EBCA6Bu;
-  }
-  for (; d < dim; ++d) {
+// A hash of a row's bits, from about eight of its words spread over the row (queries that
+// differ differ nearly everywhere; rows that agree on those words only cost the table a full
+// compare). Equal rows hash equal, and the grouping does not depend on the hash's values.
+uint64_t RowHash(const float* p, int32_t dim) {
+  const int32_t step = std::max(1, dim / 8);
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(dim);
+  for (int32_t d = 0; d < dim; d += step) {
     uint32_t w;
     std::memcpy(&w, p + d, sizeof(w));
-    lane[d % 16] = (lane[d % 16] ^ w) * 0x85EBCA6Bu;
+    h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
   }
-  uint32_t h = 0;
-  for (uint32_t l = 0; l < 16; ++l) h += (lane[l] ^ (lane[l] >> 15)) * (2 * l + 0xC2B2AE35u);
-  const uint64_t x = uint64_t{h} * 0x9E3779B97F4A7C15ull;
-  return x ^ (x >> 29);
+  return h;
 }
 
 // Groups bitwise-equal rows of `points` ([n, dim]): `first` lists the first index of each
