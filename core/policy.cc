@@ -429,14 +429,15 @@ KeepSet ToKeepSet(int32_t layer, int32_t kv_head, const OrderedHead& ordered,
                   absl::Span<const int32_t> indexes) {
   KeepSet keep{layer, kv_head, {}};
   keep.slots.reserve(indexes.size());
-  // Slots are [0, n): mark them, then read them out in order (no sort).
-  std::vector<uint8_t> kept(ordered.size(), 0);
+  // Slots are [0, n): count them, then read them out in order (no sort). A slot named twice
+  // stays twice, for the block manager to reject as before.
+  std::vector<int32_t> times(ordered.size(), 0);
   for (int32_t i : indexes) {
-    BKV_CHECK(i >= 0 && i < ordered.size() && !kept[ordered.slot(i)]);
-    kept[ordered.slot(i)] = 1;
+    BKV_CHECK(i >= 0 && i < ordered.size());
+    ++times[ordered.slot(i)];
   }
   for (int32_t slot = 0; slot < ordered.size(); ++slot) {
-    if (kept[slot]) keep.slots.push_back(slot);
+    for (int32_t t = 0; t < times[slot]; ++t) keep.slots.push_back(slot);
   }
   return keep;
 }
