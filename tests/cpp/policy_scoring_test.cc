@@ -135,7 +135,9 @@ TEST(AttentionScoresTest, MaxProbsMatchesNaiveAtExtremeLogits) {
     for (int32_t j = 1; j < n; j += 3) {  // repeated keys: equal logits in every row
       std::copy_n(keys.begin(), d, keys.begin() + static_cast<size_t>(j) * d);
     }
-    const std::vector<float> q = Random(rng, static_cast<size_t>(nq) * d, scale);
+    // (A normal distribution needs a positive deviation: the zero query is written out.)
+    const std::vector<float> q = scale > 0.0f ? Random(rng, static_cast<size_t>(nq) * d, scale)
+                                              : std::vector<float>(static_cast<size_t>(nq) * d);
     std::vector<float> out(n);
     ScoreScratch scratch;
     AttentionScores(keys.data(), 0, n, d, q.data(), nq, 1,
