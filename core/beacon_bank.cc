@@ -542,8 +542,10 @@ bool FpsKernelSupported(FpsKernel kernel) {
 }
 
 std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32_t count,
-                              FpsKernel kernel, bool dedupe, std::vector<uint8_t>* is_copy) {
+                              FpsKernel kernel, bool dedupe, std::vector<uint8_t>* is_copy,
+                              int32_t stop_below) {
   BKV_CHECK(count >= 0 && count <= n);
+  BKV_CHECK(stop_below >= 0);
   BKV_CHECK(dim >= 1 && dim <= kMaxFpsDim);
   std::vector<int32_t> order;
   if (is_copy != nullptr) is_copy->clear();
@@ -637,6 +639,7 @@ std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32
     }
     if (static_cast<int32_t>(order.size()) == count) break;
     far = first_pick ? fn.update(blocked, active, pairs, v, md) : MaxOf(md, active);
+    if (stop_below > 0 && far < stop_below) break;  // every point left is that close
     slot = pick_at(far);
   }
   return order;
@@ -667,13 +670,16 @@ std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, in
   return internal::FpsOrder(points, n, dim, count, internal::FpsKernel::kAuto);
 }
 
-BeaconBank::BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max, bool draw_on_fill)
+BeaconBank::BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max, bool draw_on_fill,
+                       double radius)
     : head_dim_(head_dim),
       buffer_min_(buffer_min),
       buffer_max_(buffer_max),
       draw_on_fill_(draw_on_fill),
+      radius_(static_cast<int32_t>(std::lround(radius * kFpsDistanceOne))),
       buffer_(static_cast<size_t>(buffer_max) * head_dim) {
   BKV_CHECK(head_dim >= 1 && buffer_min >= 1 && buffer_min < buffer_max);
+  BKV_CHECK(radius >= 0.0 && radius <= 2.0);
 }
 
 int64_t BeaconBank::CapacityBytes() const {
@@ -688,17 +694,23 @@ void BeaconBank::Append(const float* query) {
 }
 
 void BeaconBank::Reduce() {
-  if (size_ <= buffer_min_) return;
-  const std::vector<int32_t> keep = internal::FpsOrder(
-      buffer_.data(), size_, head_dim_, buffer_min_, internal::FpsKernel::kAuto, true, &copy_);
+  // With a radius a buffer of at most buffer_min is reduced too: to the points farther than
+  // the radius from the ones drawn before them.
+  if (size_ == 0 || (size_ <= buffer_min_ && radius_ == 0)) return;
+  const std::vector<int32_t> keep =
+      internal::FpsOrder(buffer_.data(), size_, head_dim_, std::min(buffer_min_, size_),
+                         internal::FpsKernel::kAuto, true, &copy_, radius_);
+  const auto kept = static_cast<int32_t>(keep.size());
   // Survivors in FPS order, so the first n of them are the first n of the ordering.
-  scratch_.resize(static_cast<size_t>(buffer_min_) * head_dim_);
-  for (int32_t i = 0; i < buffer_min_; ++i) {
+  scratch_.resize(static_cast<size_t>(kept) * head_dim_);
+  for (int32_t i = 0; i < kept; ++i) {
     std::copy_n(buffer_.data() + static_cast<size_t>(keep[i]) * head_dim_, head_dim_,
                 scratch_.data() + static_cast<size_t>(i) * head_dim_);
   }
   std::copy(scratch_.begin(), scratch_.end(), buffer_.begin());
-  size_ = buffer_min_;
+  cut_ = kept < std::min(buffer_min_, size_);
+  size_ = kept;
+  ordered_ = kept;
   ++num_reductions_;
 }
 
@@ -715,11 +727,18 @@ int32_t BeaconBank::Beacons(int32_t n_beacons, std::vector<float>* out) {
   // With draw_on_fill a draw that still has n_beacons survivors is reused as it is, unless
   // as many arrivals as came since the last call would fill the buffer: then the buffer is
   // reduced here, in the compression, rather than in the middle of a later Append.
-  const bool due = !draw_on_fill_ || ordered() < std::min(n_beacons, size_) ||
-                   int64_t{size_} + arrivals_ >= buffer_max_;
+  // A draw cut at the radius holds every point the buffer had that far apart, so it is
+  // reused like a full one, and drawn again after as many arrivals as would fill the buffer
+  // after a full one (after a full draw that is the condition above, so it applies only
+  // with a radius).
+  const int64_t pending = int64_t{size_} - ordered_ + arrivals_;
+  const bool due = !draw_on_fill_ || (ordered_ < std::min(n_beacons, size_) && !cut_) ||
+                   int64_t{size_} + arrivals_ >= buffer_max_ ||
+                   (radius_ > 0 && pending >= buffer_max_ - buffer_min_);
   arrivals_ = 0;
   if (due) Reduce();
-  const int32_t want = std::min(n_beacons, size_);
+  // With a radius the beacons are the (leading) survivors of the draw just made or reused.
+  const int32_t want = std::min(n_beacons, radius_ > 0 ? ordered_ : size_);
   out->resize(static_cast<size_t>(want) * head_dim_);
   // The first `want` points of an FPS ordering, less the copies of points already among
   // them (a copy would score every key the same).
@@ -733,7 +752,7 @@ int32_t BeaconBank::Beacons(int32_t n_beacons, std::vector<float>* out) {
     return n;
   };
   int32_t n = want;
-  if (ordered() >= want) {
+  if (ordered_ >= want) {
     n = take([](int32_t b) { return b; }, copy_);
   } else if (want == size_) {
     // Every buffered query, in buffer order.

@@ -16,6 +16,8 @@ namespace beaconkv {
 
 // The largest dim the FPS takes: its integer dot products cannot overflow below it.
 inline constexpr int32_t kMaxFpsDim = 4096;
+// A cosine distance of 1 (orthogonal unit vectors) in the FPS's integer units.
+inline constexpr int32_t kFpsDistanceOne = 1 << 28;
 
 // The first `count` indexes (count <= n) of the cosine farthest-point ordering of
 // `points` ([n, dim], 1 <= dim <= 4096). Cosines are integer dot products of the unit vectors
@@ -36,9 +38,11 @@ namespace internal {
 // (optional, needs dedupe): is_copy[j] = 1 when order[j] is bitwise equal to an earlier pick.
 enum class FpsKernel { kAuto, kPortable, kAvx2, kAvx512 };  // kAvx512: with VNNI
 bool FpsKernelSupported(FpsKernel kernel);
+// stop_below > 0: the ordering stops early, before the first point (after the seed) whose
+// distance to the points chosen is below stop_below (in the units above: 2^28 (1 - cos)).
 std::vector<int32_t> FpsOrder(const float* points, int32_t n, int32_t dim, int32_t count,
                               FpsKernel kernel, bool dedupe = true,
-                              std::vector<uint8_t>* is_copy = nullptr);
+                              std::vector<uint8_t>* is_copy = nullptr, int32_t stop_below = 0);
 // What a kernel packs before the passes: the quantised unit vectors of the distinct rows of
 // `points` (first occurrences, in index order; [distinct, dim]) and the sum of all n unit
 // vectors (unquantised, in double). For tests: every kernel must give the same bits.
@@ -53,7 +57,15 @@ class BeaconBank {
   // (queries that arrived since wait in the buffer) instead of reducing and drawing at every
   // call; it reduces when the buffer would fill before the next call (as many arrivals as
   // since the last call would reach buffer_max).
-  BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max, bool draw_on_fill = false);
+  //
+  // radius > 0 (a cosine distance, 1 - cos): a reduction stops drawing, before buffer_min,
+  // at the first point within `radius` of the points drawn before it, so the buffer keeps
+  // only queries at least that far apart (and a buffer of at most buffer_min is reduced
+  // too); the beacons are the first n_beacons of those survivors. A draw cut short is reused
+  // (with draw_on_fill) until as many queries arrived as would have filled the buffer after
+  // a full one (buffer_max - buffer_min). 0 = every reduction draws buffer_min.
+  BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max, bool draw_on_fill = false,
+             double radius = 0.0);
 
   // Appends one pre-RoPE query ([head_dim]); reduces to buffer_min on reaching buffer_max.
   void Append(const float* query);
@@ -75,23 +87,28 @@ class BeaconBank {
   // token); the whole buffer, taken when n_beacons >= size, is returned as it is.
   // With draw_on_fill, when the survivors of the last reduction number at least n_beacons
   // and size + (queries appended since the last call) < buffer_max, the beacons are the
-  // first n_beacons survivors and nothing is reduced. Returns n.
+  // first n_beacons survivors and nothing is reduced. With a radius the beacons are always
+  // the first (up to n_beacons) survivors of a draw (made now when due: see the
+  // constructor). Returns n.
   int32_t Beacons(int32_t n_beacons, const Rope& rope, int64_t position, std::vector<float>* out);
   // The same beacons before RoPE (for a scorer that rotates them itself); the same draw.
   int32_t Beacons(int32_t n_beacons, std::vector<float>* out);
 
  private:
-  // FPS down to buffer_min (no-op when size <= buffer_min); survivors stored in FPS order.
+  // FPS down to buffer_min (no-op when size <= buffer_min), or with a radius until the
+  // points left are within it (any size > 0); survivors stored in FPS order.
   void Reduce();
-  // Leading rows in FPS order: the last reduction's survivors stay first (arrivals are
-  // appended behind them), so buffer_min once anything was reduced, else 0.
-  int32_t ordered() const { return num_reductions_ > 0 ? buffer_min_ : 0; }
 
   int32_t head_dim_;
   int32_t buffer_min_;
   int32_t buffer_max_;
   int32_t size_ = 0;
   bool draw_on_fill_;
+  int32_t radius_;  // in kFpsDistanceOne units; 0 = off
+  // Leading rows in FPS order: the last reduction's survivors stay first (arrivals are
+  // appended behind them); 0 before the first reduction.
+  int32_t ordered_ = 0;
+  bool cut_ = false;  // the last reduction stopped at the radius
   int64_t num_reductions_ = 0;
   int64_t arrivals_ = 0;        // queries appended since the last Beacons()
   std::vector<float> buffer_;   // [buffer_max, head_dim]; the first size_ rows are live

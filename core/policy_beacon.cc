@@ -24,7 +24,8 @@ class BeaconState final : public PolicyState {
     rings_.assign(g.num_heads_total(), QueryRing(c.n_recent, g.group_size * g.head_dim()));
     banks_.reserve(g.num_heads_total());
     for (int32_t i = 0; i < g.num_heads_total(); ++i) {
-      banks_.emplace_back(g.head_dim(), c.buffer_min, c.buffer_max, c.draw_on_fill);
+      banks_.emplace_back(g.head_dim(), c.buffer_min, c.buffer_max, c.draw_on_fill,
+                          c.beacon_radius);
     }
   }
 

@@ -237,7 +237,10 @@ std::vector<PolicyEntry> MakeRegistry() {
                "the rest, at most (budget - n_recent - n_sinks) / 8; 0 = off"),
        IntListKnob("layer_budget_offsets", &B::layer_budget_offsets,
                    "per-layer budgets: one offset per layer added to budget, summing to 0, "
-                   "joined by '/' (e.g. 0/-16/16/0); empty = every layer keeps budget")}));
+                   "joined by '/' (e.g. 0/-16/16/0); empty = every layer keeps budget"),
+       FloatKnob("beacon_radius", &B::beacon_radius, 0.0, 1.0,
+                 "cosine distance (1 - cos) at which a head's FPS draw stops: queries that "
+                 "close to a drawn one are neither kept nor beacons; 0 = off")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }

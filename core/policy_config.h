@@ -145,6 +145,11 @@ struct BeaconConfig {
   // `budget`). As a knob, offsets joined by '/', e.g. "0/-16/16/0". Why: docs/results/
   // accuracy.md, "Per-layer budgets".
   std::vector<int32_t> layer_budget_offsets;
+  // > 0: a cosine distance (1 - cos); each head's FPS draw stops at the first query within
+  // it of the queries drawn before, so a head whose queries are concentrated scores fewer
+  // beacon rows and draws fewer points (BeaconBank). 0 = every draw takes buffer_min points
+  // and n_beacons beacons. Why: docs/results/accuracy.md, "A beacon radius".
+  double beacon_radius = 0.0;
 };
 
 // Layer `layer`'s budget per head: `budget` plus the layer's entry of `offsets` (none past

@@ -60,7 +60,10 @@ TEST(CosineFpsTest, TiesGoToTheEarliestPoint) {
 // quantised to round(u * 2^14); the seed direction is the double mean of the unit rows
 // (summed 64 rows at a time), normalised, rounded to float and quantised; distances are
 // 2^28 - the integer dot product; then a chosen-flag scan for the farthest unchosen point.
-std::vector<int32_t> SlowFps(const std::vector<float>& pts, int32_t n, int32_t d, int32_t count) {
+// stop_below > 0: the ordering ends before the first pick whose distance is below it
+// (copies can be a little below 0: quantised unit vectors have q . q near, not at, 2^28).
+std::vector<int32_t> SlowFps(const std::vector<float>& pts, int32_t n, int32_t d, int32_t count,
+                             int64_t stop_below = 0) {
   std::vector<std::vector<int64_t>> q(n, std::vector<int64_t>(d));
   std::vector<double> mean(d, 0.0), part(d, 0.0);
   for (int32_t i = 0; i < n; ++i) {
@@ -105,6 +108,7 @@ std::vector<int32_t> SlowFps(const std::vector<float>& pts, int32_t n, int32_t d
       for (int32_t j : order) md = std::min(md, dist(q[i], q[j]));
       if (md > best_d) best_d = md, best = i;
     }
+    if (stop_below > 0 && best_d < stop_below) break;
     chosen[best] = true;
     order.push_back(best);
   }
@@ -122,6 +126,61 @@ TEST(CosineFpsTest, MatchesTheBruteForceDefinition) {
     for (float& x : pts) x = normal(rng);
     EXPECT_EQ(CosineFarthestPointOrder(pts.data(), n, d, count), SlowFps(pts, n, d, count));
   }
+}
+
+// Points in tight clusters, copies of some of them among the rest: [n, d].
+std::vector<float> ClusteredPoints(std::mt19937& rng, int32_t clusters, int32_t n, int32_t d,
+                                   float noise) {
+  std::vector<std::vector<float>> centers;
+  for (int32_t c = 0; c < clusters; ++c) centers.push_back(Unit(rng, d));
+  std::vector<float> pts;
+  for (int32_t i = 0; i < n; ++i) {
+    if (i > 0 && rng() % 5 == 0) {
+      const size_t copy_of = rng() % (pts.size() / d);
+      const std::vector<float> row(pts.begin() + copy_of * d, pts.begin() + (copy_of + 1) * d);
+      pts.insert(pts.end(), row.begin(), row.end());
+      continue;
+    }
+    const std::vector<float> q = Near(rng, centers[rng() % clusters], noise, 1.0f + i % 4);
+    pts.insert(pts.end(), q.begin(), q.end());
+  }
+  return pts;
+}
+
+// stop_below: the ordering is the brute-force one cut before the first pick closer than that
+// to the points chosen, for every kernel, with and without the copy slots; so it is a prefix
+// of the full ordering.
+TEST(CosineFpsTest, StopBelowCutsTheOrderingWhereTheDistanceFalls) {
+  std::mt19937 rng(11);
+  int32_t cut_short = 0;
+  for (const auto& [clusters, n, d, noise] :
+       {std::tuple{6, 90, 16, 0.02f}, std::tuple{3, 200, 32, 0.1f}, std::tuple{40, 120, 8, 0.01f},
+        std::tuple{1, 50, 33, 0.3f}}) {
+    const std::vector<float> pts = ClusteredPoints(rng, clusters, n, d, noise);
+    for (const double radius : {0.001, 0.01, 0.05, 0.2, 0.6}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "clusters " << clusters << " n " << n << " d " << d << " radius " << radius);
+      const auto stop = static_cast<int32_t>(std::lround(radius * kFpsDistanceOne));
+      const std::vector<int32_t> want = SlowFps(pts, n, d, n, stop);
+      ASSERT_GE(want.size(), 1u);
+      const std::vector<int32_t> full = SlowFps(pts, n, d, n);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), full.begin()));
+      cut_short += static_cast<int32_t>(want.size()) < n ? 1 : 0;
+      for (internal::FpsKernel k : {internal::FpsKernel::kPortable, internal::FpsKernel::kAvx2,
+                                    internal::FpsKernel::kAvx512}) {
+        if (!internal::FpsKernelSupported(k)) continue;
+        for (const bool dedupe : {true, false}) {
+          EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, n, k, dedupe, nullptr, stop), want)
+              << "kernel " << static_cast<int>(k) << " dedupe " << dedupe;
+        }
+        // A count below the cut still ends at the count.
+        const auto count = static_cast<int32_t>(want.size() + 1) / 2;
+        EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, count, k, true, nullptr, stop),
+                  std::vector<int32_t>(want.begin(), want.begin() + count));
+      }
+    }
+  }
+  EXPECT_GE(cut_short, 12);  // the radii above cut most of these orderings short
 }
 
 // Every ISA path of the FPS pass computes the same exact integer dot products, so they must
@@ -494,6 +553,85 @@ TEST(BeaconBankTest, DrawOnFillReusesTheDrawUntilTheBufferFills) {
   ASSERT_EQ(lazy.Beacons(5, *rope, 0, &a), 5);
   EXPECT_EQ(lazy.num_reductions(), 3);
   EXPECT_EQ(lazy.size(), 8);
+}
+
+// A radius: the draw keeps one query per tight cluster (the points of a cluster are closer
+// than the radius, the clusters farther apart), so the beacons are one per cluster, the
+// buffer is the draw, and it is the prefix of the ordering without a radius.
+TEST(BeaconBankTest, RadiusKeepsOneQueryPerTightCluster) {
+  std::mt19937 rng(8);
+  const int32_t d = 16;
+  auto rope = Rope::Create({d, 1e4});
+  ASSERT_TRUE(rope.ok());
+  std::vector<std::vector<float>> centers;
+  for (int32_t c = 0; c < 5; ++c) centers.push_back(Unit(rng, d));
+  BeaconBank bank(d, /*buffer_min=*/64, /*buffer_max=*/256, /*draw_on_fill=*/true,
+                  /*radius=*/0.05);
+  BeaconBank plain(d, 64, 256, true);
+  std::vector<float> all;
+  for (int32_t i = 0; i < 150; ++i) {
+    const std::vector<float> q = Near(rng, centers[i % 5], 0.01f, 1.0f + i % 3);
+    all.insert(all.end(), q.begin(), q.end());
+    bank.Append(q.data());
+    plain.Append(q.data());
+  }
+  std::vector<float> beacons, without;
+  ASSERT_EQ(bank.Beacons(64, *rope, 0, &beacons), 5);
+  EXPECT_EQ(bank.size(), 5);
+  EXPECT_EQ(bank.num_reductions(), 1);
+  ASSERT_EQ(plain.Beacons(64, *rope, 0, &without), 64);
+  EXPECT_TRUE(std::equal(beacons.begin(), beacons.end(), without.begin()));
+  std::vector<int32_t> hit(5, 0);
+  for (int32_t b = 0; b < 5; ++b) {
+    for (int32_t c = 0; c < 5; ++c) {
+      hit[c] += Cos(beacons.data() + b * d, centers[c].data(), d) > 0.99 ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(hit, std::vector<int32_t>(5, 1));
+  // Fewer beacons asked for than the draw holds: its first ones.
+  std::vector<float> two;
+  ASSERT_EQ(bank.Beacons(2, *rope, 0, &two), 2);
+  EXPECT_TRUE(std::equal(two.begin(), two.end(), beacons.begin()));
+  EXPECT_EQ(bank.num_reductions(), 1);
+}
+
+// A draw cut at the radius is reused while queries arrive, and drawn again (from everything
+// the buffer holds) once as many arrived as would fill the buffer after a full draw
+// (buffer_max - buffer_min); a new cluster then gets its beacon.
+TEST(BeaconBankTest, RadiusDrawIsReusedUntilAFullDrawsWorthArrived) {
+  std::mt19937 rng(9);
+  const int32_t d = 16;
+  auto rope = Rope::Create({d, 1e4});
+  ASSERT_TRUE(rope.ok());
+  const std::vector<float> a = Unit(rng, d), b = Unit(rng, d), fresh = Unit(rng, d);
+  BeaconBank bank(d, /*buffer_min=*/8, /*buffer_max=*/32, /*draw_on_fill=*/true, /*radius=*/0.05);
+  auto append = [&](const std::vector<float>& center, int32_t count) {
+    for (int32_t i = 0; i < count; ++i) bank.Append(Near(rng, center, 0.005f, 2.0f).data());
+  };
+  append(a, 3);
+  append(b, 3);
+  std::vector<float> beacons;
+  ASSERT_EQ(bank.Beacons(8, *rope, 0, &beacons), 2);  // a buffer under buffer_min is cut too
+  EXPECT_EQ(bank.num_reductions(), 1);
+  EXPECT_EQ(bank.size(), 2);
+  // 10 arrived since the draw, and as many again are expected by the next: 20 < 24, so the
+  // draw is reused and `fresh` waits in the buffer.
+  append(fresh, 10);
+  ASSERT_EQ(bank.Beacons(8, *rope, 0, &beacons), 2);
+  EXPECT_EQ(bank.num_reductions(), 1);
+  EXPECT_EQ(bank.size(), 12);
+  for (int32_t i = 0; i < 2; ++i) EXPECT_LT(Cos(beacons.data() + i * d, fresh.data(), d), 0.9);
+  // 17 arrived since the draw, 7 more expected: 24, a full draw's worth (although 19 + 7
+  // would not fill the buffer), so this call draws again, and `fresh` has a beacon.
+  append(fresh, 7);
+  ASSERT_EQ(bank.Beacons(8, *rope, 0, &beacons), 3);
+  EXPECT_EQ(bank.num_reductions(), 2);
+  EXPECT_EQ(bank.size(), 3);
+  int32_t fresh_beacons = 0;
+  for (int32_t i = 0; i < 3; ++i) {
+    fresh_beacons += Cos(beacons.data() + i * d, fresh.data(), d) > 0.99 ? 1 : 0;
+  }
+  EXPECT_EQ(fresh_beacons, 1);
 }
 
 class BeaconBufferTest : public ::testing::TestWithParam<uint32_t> {};

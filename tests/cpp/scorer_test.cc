@@ -273,7 +273,7 @@ RkvConfig Rkv(int32_t budget, int32_t interval, int32_t window, int32_t pool_ker
 BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t coverage,
                     bool protect_prompt, double redundancy = 0.0, double threshold = 0.5,
                     int32_t prompt_slots = 0, bool pooled = false,
-                    std::vector<int32_t> layer_offsets = {}) {
+                    std::vector<int32_t> layer_offsets = {}, double beacon_radius = 0.0) {
   BeaconConfig c;
   c.budget = budget;
   c.interval = interval;
@@ -289,6 +289,7 @@ BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t cove
   c.prompt_slots = prompt_slots;
   c.budget_mode = pooled ? BudgetMode::kPooled : BudgetMode::kUniform;
   c.layer_budget_offsets = std::move(layer_offsets);
+  c.beacon_radius = beacon_radius;
   return c;
 }
 
@@ -323,7 +324,11 @@ INSTANTIATE_TEST_SUITE_P(
         Params{Beacon(64, 32, 3, 1, false, 0.0, 0.5, 4, true), Geometry{2, 2, 2, 16, 8}, 22},
         Params{Beacon(40, 8, 5, 2, true, 0.0, 0.5, 3, true), Geometry{3, 3, 4, 32, 16}, 23},
         Params{Beacon(48, 16, 3, 0, false, 0.0, 0.5, 6, true, {8, -8}), Geometry{}, 24},
-        Params{Beacon(72, 24, 1, 0, false, 0.0, 0.5, 0, true), Geometry{1, 1, 1, 8, 1}, 25}));
+        Params{Beacon(72, 24, 1, 0, false, 0.0, 0.5, 0, true), Geometry{1, 1, 1, 8, 1}, 25},
+        // A beacon radius (random 16-dim queries are far apart: 0.7 cuts the draws short).
+        Params{Beacon(48, 16, 1, 1, false, 0.0, 0.5, 0, false, {}, 0.7), Geometry{}, 26},
+        Params{Beacon(64, 32, 3, 1, false, 0.0, 0.5, 4, true, {}, 0.7), Geometry{2, 2, 2, 16, 8},
+               27}));
 
 TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   Geometry g;

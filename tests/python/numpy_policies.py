@@ -110,8 +110,10 @@ def rope(x, position, theta):
     return rope_positions(x, np.full(x.shape[-2], position), theta)
 
 
-def fps_cosine(points, count):
-    """First `count` indexes of cosine farthest-point sampling (ties -> earliest)."""
+def fps_cosine(points, count, stop_below=0.0):
+    """First `count` indexes of cosine farthest-point sampling (ties -> earliest); with
+    stop_below > 0 it ends before the first point whose distance (1 - cos) to the chosen
+    ones is below that."""
     norms = np.linalg.norm(points.astype(np.float64), axis=-1, keepdims=True)
     unit = np.where(norms > 0, points / np.where(norms > 0, norms, 1), 0).astype(np.float32)
     mean = unit.sum(axis=0)
@@ -124,6 +126,8 @@ def fps_cosine(points, count):
     while len(order) < count:
         d = np.where(chosen, -np.inf, min_dist)
         nxt = int(np.argmax(d))
+        if stop_below > 0 and d[nxt] < stop_below:
+            break
         order.append(nxt)
         chosen[nxt] = True
         min_dist = np.minimum(min_dist, np.float32(1) - unit @ unit[nxt])
@@ -134,14 +138,20 @@ class BeaconBuffer:
     """The per-head pre-RoPE query buffer: append; FPS to buffer_min at buffer_max and when
     beacons are drawn, survivors kept in FPS order; beacons are the first of them.
     draw_on_fill: a draw whose survivors still number n_beacons is reused as it is, unless as
-    many arrivals as since the last draw would fill the buffer."""
+    many arrivals as since the last draw would fill the buffer. radius > 0: a draw stops at
+    the first point within radius (1 - cos) of the chosen ones (a buffer of at most
+    buffer_min is drawn too); a draw cut short is reused until a full draw's worth of queries
+    (buffer_max - buffer_min) arrived or would arrive by the next one."""
 
-    def __init__(self, head_dim, buffer_min=256, buffer_max=512, draw_on_fill=True):
+    def __init__(self, head_dim, buffer_min=256, buffer_max=512, draw_on_fill=True, radius=0.0):
         self.buf = np.zeros((0, head_dim), np.float32)
         self.buffer_min, self.buffer_max = buffer_min, buffer_max
         self.draw_on_fill = draw_on_fill
+        self.radius = radius
         self.arrivals = 0  # rows appended since the last beacons()
         self.reductions = 0
+        self.ordered = 0  # leading rows in FPS order: the last reduction's survivors
+        self.cut = False  # the last reduction stopped at the radius
 
     def append(self, q):
         for row in np.asarray(q, np.float32).reshape(-1, self.buf.shape[1]):
@@ -151,23 +161,25 @@ class BeaconBuffer:
                 self.reduce()
 
     def reduce(self):
-        if self.buf.shape[0] > self.buffer_min:
-            self.buf = self.buf[fps_cosine(self.buf, self.buffer_min)]
+        size = self.buf.shape[0]
+        if size > self.buffer_min or self.radius > 0:
+            count = min(self.buffer_min, size)
+            order = fps_cosine(self.buf, count, self.radius)
+            self.buf = self.buf[order]
+            self.ordered, self.cut = len(order), len(order) < count
             self.reductions += 1
-
-    def ordered(self):
-        """Leading rows in FPS order: the last reduction's survivors stay first."""
-        return self.buffer_min if self.reductions else 0
 
     def beacons(self, n_beacons, position, theta):
         size = self.buf.shape[0]
-        due = (not self.draw_on_fill or self.ordered() < min(n_beacons, size)
-               or size + self.arrivals >= self.buffer_max)
+        due = (not self.draw_on_fill
+               or (self.ordered < min(n_beacons, size) and not self.cut)
+               or size + self.arrivals >= self.buffer_max
+               or size - self.ordered + self.arrivals >= self.buffer_max - self.buffer_min)
         self.arrivals = 0
         if due:
             self.reduce()
-        n = min(n_beacons, self.buf.shape[0])
-        if self.ordered() >= n or n == self.buf.shape[0]:
+        n = min(n_beacons, self.ordered if self.radius > 0 else self.buf.shape[0])
+        if self.ordered >= n or n == self.buf.shape[0]:
             return rope(self.buf[:n], position, theta)
         return rope(self.buf[fps_cosine(self.buf, n)], position, theta)
 

@@ -135,26 +135,29 @@ def test_beacon_matches_numpy(seed, coverage_layers):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("radius", [0.0, 0.75])
 @pytest.mark.parametrize("prompt_slots", [0, 4])
 @pytest.mark.parametrize("draw_on_fill", [False, True])
-def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_slots):
+def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_slots, radius):
     # One head decoded for 150 steps, compressed whenever the core says it is due: every keep
     # set equals the NumPy twin's, whose buffer reduces at each draw (default) or only when
     # it would fill before the next draw (draw_on_fill); the two modes choose differently at
     # some compression. With prompt_slots=4, 3 are in effect ((40 - 8 - 2) // 8) over the 4
-    # prompt tokens after the sinks.
+    # prompt tokens after the sinks. radius 0.75: draws of these random 16-dim queries stop
+    # after about a dozen points, so fewer than n_beacons are beacons at some compressions.
     d, g, theta, prompt = 16, 2, 1e4, 6
     cfg = dict(budget=40, interval=8, n_recent=8, n_sinks=2, n_beacons=12, buffer_min=16,
-               buffer_max=64, coverage_layers=0, prompt_slots=prompt_slots)
+               buffer_max=64, coverage_layers=0, prompt_slots=prompt_slots,
+               beacon_radius=radius)
     rng = np.random.default_rng(7)
     pols = {mode: beaconkv.Policy(beaconkv.BeaconConfig(**cfg, draw_on_fill=mode), 1, 1, g, d,
                                   rope_theta=theta, prompt_len=prompt)
             for mode in (draw_on_fill, not draw_on_fill)}
-    buf = ref.BeaconBuffer(d, 16, 64, draw_on_fill=draw_on_fill)
+    buf = ref.BeaconBuffer(d, 16, 64, draw_on_fill=draw_on_fill, radius=radius)
     keys = {m: rng.standard_normal((prompt, d)).astype(np.float32) for m in pols}
     pos = {m: np.arange(prompt, dtype=np.int32) for m in pols}
     keys[not draw_on_fill] = keys[draw_on_fill].copy()
-    recent, kept_sets, compressions = [], {m: [] for m in pols}, 0
+    recent, kept_sets, compressions, short_draws = [], {m: [] for m in pols}, 0, 0
     for p in range(prompt, prompt + 150):
         k = rng.standard_normal((1, d)).astype(np.float32)
         pre = rng.standard_normal((g, d)).astype(np.float32) * 2
@@ -169,7 +172,9 @@ def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_sl
                 continue
             [(_, _, slots)] = pol.compress(0, [keys[m]], [pos[m]], [0], p)
             if m == draw_on_fill:
-                want = ref.beacon_keep(keys[m], np.stack(recent), buf.beacons(12, p, theta), 40,
+                beacons = buf.beacons(12, p, theta)
+                short_draws += int(len(beacons) < 12)
+                want = ref.beacon_keep(keys[m], np.stack(recent), beacons, 40,
                                        prompt_len=prompt, n_recent=8, n_sinks=2,
                                        prompt_slots=prompt_slots, positions=pos[m])
                 np.testing.assert_array_equal(np.sort(slots), np.sort(want), f"step {p}")
@@ -178,6 +183,7 @@ def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_sl
             keys[m], pos[m] = keys[m][slots], pos[m][slots]
     assert compressions >= 10 and buf.reductions >= 2
     assert kept_sets[True] != kept_sets[False]
+    assert (short_draws > 0) == (radius > 0)
 
 
 def test_coverage_sample_is_one_token_per_stratum():
