@@ -173,6 +173,10 @@ TEST(CosineFpsTest, StopBelowCutsTheOrderingWhereTheDistanceFalls) {
           EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, n, k, dedupe, nullptr, stop), want)
               << "kernel " << static_cast<int>(k) << " dedupe " << dedupe;
         }
+        // The copy flags cover exactly the points ordered.
+        std::vector<uint8_t> is_copy;
+        EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, n, k, true, &is_copy, stop), want);
+        EXPECT_EQ(is_copy.size(), want.size());
         // A count below the cut still ends at the count.
         const auto count = static_cast<int32_t>(want.size() + 1) / 2;
         EXPECT_EQ(internal::FpsOrder(pts.data(), n, d, count, k, true, nullptr, stop),

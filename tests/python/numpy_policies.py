@@ -162,7 +162,7 @@ class BeaconBuffer:
 
     def reduce(self):
         size = self.buf.shape[0]
-        if size > self.buffer_min or self.radius > 0:
+        if size > self.buffer_min or (self.radius > 0 and size > 0):
             count = min(self.buffer_min, size)
             order = fps_cosine(self.buf, count, self.radius)
             self.buf = self.buf[order]
@@ -174,7 +174,8 @@ class BeaconBuffer:
         due = (not self.draw_on_fill
                or (self.ordered < min(n_beacons, size) and not self.cut)
                or size + self.arrivals >= self.buffer_max
-               or size - self.ordered + self.arrivals >= self.buffer_max - self.buffer_min)
+               or (self.radius > 0
+                   and size - self.ordered + self.arrivals >= self.buffer_max - self.buffer_min))
         self.arrivals = 0
         if due:
             self.reduce()
