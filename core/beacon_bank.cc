@@ -28,7 +28,7 @@ namespace {
 // by about 1e-4 at most. No overflow: |q| <= 2^14 + sqrt(dim) / 2, so by Cauchy-Schwarz every
 // partial sum of a dot product is below 2^29 for dim <= kMaxFpsDim.
 constexpr float kQuantScale = 16384.0f;                         // 2^14
-constexpr int32_t kUnitDot = int32_t{1} << 28;                  // q . q of a unit vector
+constexpr int32_t kUnitDot = kFpsDistanceOne;                   // q . q of a unit vector (2^28)
 constexpr int32_t kNone = std::numeric_limits<int32_t>::min();  // chosen or padding slot
 constexpr int32_t kFar = std::numeric_limits<int32_t>::max();   // before the first pick
 
