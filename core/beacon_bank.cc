@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "core/multiversion.h"
+#include "core/transpose16.h"
 
 namespace beaconkv {
 namespace {
@@ -278,39 +279,6 @@ void PackUnit(const float* points, int32_t n, int32_t dim, FpsScratch* scratch) 
 }
 
 #if defined(__x86_64__)
-// dst[c * dst_stride + r] = src[r * src_stride + c] for a 16 x 16 tile of 32-bit words (moved
-// as floats: the shuffles copy bits).
-__attribute__((target("avx512f"))) void Transpose16(const int32_t* src_words, size_t src_stride,
-                                                    int32_t* dst_words, size_t dst_stride) {
-  const auto* src = reinterpret_cast<const float*>(src_words);
-  auto* dst = reinterpret_cast<float*>(dst_words);
-  __m512 r[16], t[16];
-  for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(src + k * src_stride);
-  // Interleave pairs of rows (32-bit), then pairs of pairs (64-bit): t[4q + j] holds, in each
-  // 128-bit lane L, elements 4L..4L+3 of rows 4q..4q+3, column j of that group of four.
-  for (int q = 0; q < 4; ++q) {
-    const __m512 a = _mm512_unpacklo_ps(r[4 * q], r[4 * q + 1]);
-    const __m512 b = _mm512_unpackhi_ps(r[4 * q], r[4 * q + 1]);
-    const __m512 c = _mm512_unpacklo_ps(r[4 * q + 2], r[4 * q + 3]);
-    const __m512 d = _mm512_unpackhi_ps(r[4 * q + 2], r[4 * q + 3]);
-    t[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(c)));
-    t[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(c)));
-    t[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(b), _mm512_castps_pd(d)));
-    t[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(b), _mm512_castps_pd(d)));
-  }
-  // Gather 128-bit lanes: column 4L + j comes from lane L of t[j], t[4 + j], t[8 + j], t[12 + j].
-  for (int j = 0; j < 4; ++j) {
-    const __m512 lo01 = _mm512_shuffle_f32x4(t[j], t[4 + j], 0x44);  // lanes 0,1 | 0,1
-    const __m512 hi01 = _mm512_shuffle_f32x4(t[j], t[4 + j], 0xEE);  // lanes 2,3 | 2,3
-    const __m512 lo23 = _mm512_shuffle_f32x4(t[8 + j], t[12 + j], 0x44);
-    const __m512 hi23 = _mm512_shuffle_f32x4(t[8 + j], t[12 + j], 0xEE);
-    _mm512_storeu_ps(dst + (0 + j) * dst_stride, _mm512_shuffle_f32x4(lo01, lo23, 0x88));
-    _mm512_storeu_ps(dst + (4 + j) * dst_stride, _mm512_shuffle_f32x4(lo01, lo23, 0xDD));
-    _mm512_storeu_ps(dst + (8 + j) * dst_stride, _mm512_shuffle_f32x4(hi01, hi23, 0x88));
-    _mm512_storeu_ps(dst + (12 + j) * dst_stride, _mm512_shuffle_f32x4(hi01, hi23, 0xDD));
-  }
-}
-
 // PackUnit for dim a multiple of 32, the same operations in the same order: the norm's four
 // chains as one 4-wide double vector, the per-block sums as double vectors, the quantised
 // rows staged in slot order (16 dimensions = 8 words at a time, rounded by vcvtps2dq under
@@ -399,8 +367,8 @@ __attribute__((target("avx512f"))) void PackUnitAvx512(const float* points, int3
   for (int32_t s0 = 0; s0 < Padded(slots); s0 += 16) {
     int32_t* dst = blocked + BlockedAt(s0, 0, pairs);
     for (int32_t k = 0; k < pairs; k += 16) {
-      Transpose16(staged.data() + static_cast<size_t>(s0) * pairs + k, pairs,
-                  dst + static_cast<size_t>(k) * kBlock, kBlock);
+      internal::Transpose16x16(staged.data() + static_cast<size_t>(s0) * pairs + k, pairs,
+                               dst + static_cast<size_t>(k) * kBlock, kBlock);
     }
   }
 }

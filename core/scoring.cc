@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "core/check.h"
 #include "core/multiversion.h"
+#include "core/transpose16.h"
 
 namespace beaconkv {
 namespace {
@@ -276,16 +277,43 @@ __attribute__((target("avx512f"))) void FoldRows(const float* tile, int32_t n, i
   }
 }
 
+// kt[k * n16 + j] = keys[j * d + k] for j < n, and 0 for n <= j < n16 (the padding keys):
+// 16 x 16 tiles when d is a multiple of 16 (the tail's rows staged in a zeroed tile).
+__attribute__((target("avx512f"))) void TransposeKeys(const float* keys, int32_t n, int32_t d,
+                                                      int32_t n16, float* kt) {
+  if (d % 16 != 0) {
+    std::fill_n(kt, static_cast<size_t>(d) * n16, 0.0f);
+    for (int32_t j = 0; j < n; ++j) {
+      for (int32_t k = 0; k < d; ++k) {
+        kt[static_cast<size_t>(k) * n16 + j] = keys[static_cast<size_t>(j) * d + k];
+      }
+    }
+    return;
+  }
+  const int32_t whole = n / 16 * 16;
+  for (int32_t j0 = 0; j0 < whole; j0 += 16) {
+    for (int32_t k0 = 0; k0 < d; k0 += 16) {
+      internal::Transpose16x16(keys + static_cast<size_t>(j0) * d + k0, d,
+                               kt + static_cast<size_t>(k0) * n16 + j0, n16);
+    }
+  }
+  if (whole == n16) return;
+  alignas(64) float tile[16 * 16];
+  for (int32_t k0 = 0; k0 < d; k0 += 16) {
+    std::fill_n(tile, 16 * 16, 0.0f);
+    for (int32_t j = whole; j < n; ++j) {
+      std::copy_n(keys + static_cast<size_t>(j) * d + k0, 16, tile + (j - whole) * 16);
+    }
+    internal::Transpose16x16(tile, 16, kt + static_cast<size_t>(k0) * n16 + whole, n16);
+  }
+}
+
 void MaxProbScoresAvx512(const float* keys, int32_t n, int32_t d, const float* queries,
                          int32_t rows, float* out, ScoreScratch* scratch) {
   const int32_t n16 = (n + 15) / 16 * 16;
-  scratch->keys_t.assign(static_cast<size_t>(d) * n16, 0.0f);
+  scratch->keys_t.resize(static_cast<size_t>(d) * n16);
   float* kt = scratch->keys_t.data();
-  for (int32_t j = 0; j < n; ++j) {
-    for (int32_t k = 0; k < d; ++k) {
-      kt[static_cast<size_t>(k) * n16 + j] = keys[static_cast<size_t>(j) * d + k];
-    }
-  }
+  TransposeKeys(keys, n, d, n16, kt);
   scratch->logits.resize(static_cast<size_t>(4) * n16);
   float* tile = scratch->logits.data();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
