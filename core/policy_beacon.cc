@@ -21,6 +21,10 @@ class BeaconState final : public PolicyState {
  public:
   BeaconState(const BeaconConfig& c, const PolicyGeometry& g, int32_t prompt_len, Rope rope)
       : PolicyState(g, prompt_len), config_(c), rope_(std::move(rope)) {
+    // The pairs a blurred row zeroes: those turning faster than blur_speed (the first ones).
+    if (c.blur_speed > 0.0) {
+      for (const float w : rope_.inv_freq()) blur_pairs_ += static_cast<double>(w) > c.blur_speed;
+    }
     rings_.assign(g.num_heads_total(), QueryRing(c.n_recent, g.group_size * g.head_dim()));
     banks_.reserve(g.num_heads_total());
     for (int32_t i = 0; i < g.num_heads_total(); ++i) {
@@ -269,7 +273,9 @@ class BeaconState final : public PolicyState {
 
   // Fills queries_ with the head's observation rows (every recent post-RoPE query of every
   // query head, then the beacons rotated to current_position, or left before RoPE when
-  // !rotate); returns their number, and the beacons' in *beacon_rows when given.
+  // !rotate, then the blurred rows of the leading beacons); returns their number, and the
+  // beacon and blurred rows' in *beacon_rows when given (rotating a blurred row before or
+  // after zeroing its fast pairs is the same: RoPE turns each pair on its own).
   int32_t BuildRows(int32_t head_index, int32_t current_position, bool rotate = true,
                     int32_t* beacon_rows = nullptr) {
     const int32_t d = geometry_.head_dim();
@@ -280,18 +286,28 @@ class BeaconState final : public PolicyState {
     const int32_t beacons =
         rotate ? bank.Beacons(config_.n_beacons, rope_, current_position, &beacons_)
                : bank.Beacons(config_.n_beacons, &beacons_);
-    if (beacon_rows != nullptr) *beacon_rows = beacons;
+    const int32_t blurred = blur_pairs_ > 0 ? std::min(beacons, config_.blurred_beacons) : 0;
+    if (beacon_rows != nullptr) *beacon_rows = beacons + blurred;
     // Every recent query of every query head, and every beacon, is one observation row;
     // max over rows == max over queries and over the group.
-    queries_.resize(static_cast<size_t>(recent_rows + beacons) * d);
+    queries_.resize(static_cast<size_t>(recent_rows + beacons + blurred) * d);
     ring.CopyOrdered(queries_.data());
     std::copy(beacons_.begin(), beacons_.end(),
               queries_.begin() + static_cast<ptrdiff_t>(recent_rows) * d);
-    return recent_rows + beacons;
+    // Blurred rows: pair i of a RoPE'd vector is (i, i + d / 2), turning faster the smaller i.
+    const int32_t half = d / 2;
+    for (int32_t b = 0; b < blurred; ++b) {
+      float* row = queries_.data() + static_cast<size_t>(recent_rows + beacons + b) * d;
+      std::copy_n(beacons_.data() + static_cast<size_t>(b) * d, d, row);
+      std::fill_n(row, blur_pairs_, 0.0f);
+      std::fill_n(row + half, blur_pairs_, 0.0f);
+    }
+    return recent_rows + beacons + blurred;
   }
 
   BeaconConfig config_;
   Rope rope_;
+  int32_t blur_pairs_ = 0;               // leading RoPE pairs zeroed in a blurred beacon row
   std::vector<QueryRing> rings_;         // [num_heads_total], newest n_recent post-RoPE steps
   std::vector<BeaconBank> banks_;        // [num_heads_total], pre-RoPE query buffers
   std::vector<float> beacons_;           // [n_beacons, head_dim] scratch

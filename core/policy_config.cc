@@ -240,7 +240,12 @@ std::vector<PolicyEntry> MakeRegistry() {
                    "joined by '/' (e.g. 0/-16/16/0); empty = every layer keeps budget"),
        FloatKnob("beacon_radius", &B::beacon_radius, 0.0, 1.0,
                  "cosine distance (1 - cos) at which a head's FPS draw stops: queries that "
-                 "close to a drawn one are neither kept nor beacons; 0 = off")}));
+                 "close to a drawn one are neither kept nor beacons; 0 = off"),
+       FloatKnob("blur_speed", &B::blur_speed, 0.0, std::nullopt,
+                 "radians per token above which a RoPE pair is zeroed in the blurred second "
+                 "row of each leading beacon; 0 = off"),
+       IntKnob("blurred_beacons", &B::blurred_beacons, 0,
+               "leading beacons (FPS order) that also score as a blurred row (blur_speed > 0)")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }

@@ -150,6 +150,14 @@ struct BeaconConfig {
   // beacon rows and draws fewer points (BeaconBank). 0 = every draw takes buffer_min points
   // and n_beacons beacons. Why: docs/results/accuracy.md, "A beacon radius".
   double beacon_radius = 0.0;
+  // > 0 (radians per token): each of the first `blurred_beacons` beacons (FPS order) is scored
+  // twice, as it is and as a "blurred" row with every RoPE pair that turns faster than
+  // `blur_speed` zeroed (pair i = dims (i, i + head_dim / 2), rope_theta^(-2i / head_dim)
+  // radians per token): the slow pairs still place a read roughly, the fast ones, which fix
+  // its exact offset, are gone, so a blurred beacon also scores keys like the ones it read at
+  // other offsets. 0 = off. Why: docs/results/accuracy.md, "Blurred beacons".
+  double blur_speed = 0.0;
+  int32_t blurred_beacons = 128;  // how many leading beacons get a blurred row (blur_speed > 0)
 };
 
 // Layer `layer`'s budget per head: `budget` plus the layer's entry of `offsets` (none past

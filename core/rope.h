@@ -33,6 +33,8 @@ class Rope {
   void RotateMany(const float* src, int64_t num_vectors, int64_t position, float* dst) const;
   // cos and sin of every pair's angle at `position`: cs, sn are [head_dim / 2].
   void Angles(int64_t position, float* cs, float* sn) const;
+  // Each pair's angle per token (radians), pair i = dims (i, i + head_dim / 2): falling with i.
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
 
  private:
   explicit Rope(const RopeConfig& config);

@@ -187,6 +187,17 @@ TEST(PolicyRegistryTest, LayerBudgetOffsetsAreAListThatSumsToZero) {
                        "layer_budget_offsets has 4 entries for a model of 2 layers"));
 }
 
+TEST(PolicyRegistryTest, BlurKnobsRejectNegativeValues) {
+  BeaconConfig b;
+  b.budget = 96;
+  b.blur_speed = -0.1;
+  EXPECT_TRUE(Contains(ValidatePolicyConfig(b), "blur_speed"));
+  b.blur_speed = 0.02;
+  EXPECT_TRUE(ValidatePolicyConfig(b).ok());
+  b.blurred_beacons = -1;
+  EXPECT_TRUE(Contains(ValidatePolicyConfig(b), "blurred_beacons"));
+}
+
 TEST(PolicyRegistryTest, CountBiasGoesToTheCoverageLayersOfBeaconOnly) {
   BeaconConfig b;
   EXPECT_EQ(CountBiasLayers(b), 1);  // on by default, layer 0 the one coverage layer

@@ -273,7 +273,8 @@ RkvConfig Rkv(int32_t budget, int32_t interval, int32_t window, int32_t pool_ker
 BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t coverage,
                     bool protect_prompt, double redundancy = 0.0, double threshold = 0.5,
                     int32_t prompt_slots = 0, bool pooled = false,
-                    std::vector<int32_t> layer_offsets = {}, double beacon_radius = 0.0) {
+                    std::vector<int32_t> layer_offsets = {}, double beacon_radius = 0.0,
+                    double blur_speed = 0.0) {
   BeaconConfig c;
   c.budget = budget;
   c.interval = interval;
@@ -290,6 +291,8 @@ BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t cove
   c.budget_mode = pooled ? BudgetMode::kPooled : BudgetMode::kUniform;
   c.layer_budget_offsets = std::move(layer_offsets);
   c.beacon_radius = beacon_radius;
+  c.blur_speed = blur_speed;
+  c.blurred_beacons = 10;  // of the 16 beacons
   return c;
 }
 
@@ -328,7 +331,12 @@ INSTANTIATE_TEST_SUITE_P(
         // A beacon radius (random 16-dim queries are far apart: 0.7 cuts the draws short).
         Params{Beacon(48, 16, 1, 1, false, 0.0, 0.5, 0, false, {}, 0.7), Geometry{}, 26},
         Params{Beacon(64, 32, 3, 1, false, 0.0, 0.5, 4, true, {}, 0.7), Geometry{2, 2, 2, 16, 8},
-               27}));
+               27},
+        // Blurred beacons: the scorer rotates the blurred rows it gets before RoPE (0.02 rad
+        // per token zeroes some pairs, 1e-9 every pair: all-zero rows).
+        Params{Beacon(48, 16, 1, 1, false, 0.0, 0.5, 4, false, {}, 0.0, 0.02), Geometry{}, 28},
+        Params{Beacon(64, 32, 3, 1, false, 0.0, 0.5, 4, true, {}, 0.0, 1e-9),
+               Geometry{2, 2, 2, 16, 8}, 29}));
 
 TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   Geometry g;

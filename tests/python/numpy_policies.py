@@ -185,6 +185,16 @@ class BeaconBuffer:
         return rope(self.buf[fps_cosine(self.buf, n)], position, theta)
 
 
+def blurred_rows(beacons, blur_pairs, count):
+    """The blurred rows of the first `count` beacons (rotated or not): copies with the RoPE
+    pairs (i, i + d / 2), i < blur_pairs, zeroed (pair i turns faster the smaller i)."""
+    rows = np.array(beacons[:count], dtype=np.float32, copy=True)
+    half = rows.shape[1] // 2
+    rows[:, :blur_pairs] = 0.0
+    rows[:, half:half + blur_pairs] = 0.0
+    return rows
+
+
 def beacon_scores(keys, recent_queries, beacons, pool_kernel=1):
     """max over recent queries (all group heads) and beacons of softmax attention."""
     d = keys.shape[-1]

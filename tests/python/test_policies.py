@@ -2,6 +2,7 @@
 the stateful Policy, and keep-sets checked against the NumPy reference in
 tests/python/numpy_policies.py."""
 
+import functools
 import pathlib
 import sys
 
@@ -135,20 +136,25 @@ def test_beacon_matches_numpy(seed, coverage_layers):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("radius", [0.0, 0.75])
+@pytest.mark.parametrize("radius,blur", [(0.0, 0.0), (0.75, 0.0), (0.0, 0.05)])
 @pytest.mark.parametrize("prompt_slots", [0, 4])
 @pytest.mark.parametrize("draw_on_fill", [False, True])
-def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_slots, radius):
+def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_slots, radius,
+                                                         blur):
     # One head decoded for 150 steps, compressed whenever the core says it is due: every keep
     # set equals the NumPy twin's, whose buffer reduces at each draw (default) or only when
     # it would fill before the next draw (draw_on_fill); the two modes choose differently at
     # some compression. With prompt_slots=4, 3 are in effect ((40 - 8 - 2) // 8) over the 4
     # prompt tokens after the sinks. radius 0.75: draws of these random 16-dim queries stop
     # after about a dozen points, so fewer than n_beacons are beacons at some compressions.
+    # blur 0.05 rad per token: the first 5 beacons also score with the RoPE pairs turning
+    # faster zeroed (3 of the 8 at theta 1e4), which changes the keep set at some compression.
     d, g, theta, prompt = 16, 2, 1e4, 6
     cfg = dict(budget=40, interval=8, n_recent=8, n_sinks=2, n_beacons=12, buffer_min=16,
                buffer_max=64, coverage_layers=0, prompt_slots=prompt_slots,
-               beacon_radius=radius)
+               beacon_radius=radius, blur_speed=blur, blurred_beacons=5)
+    blur_pairs = int(np.sum(theta ** (-2.0 * np.arange(d // 2) / d) > blur)) if blur else 0
+    assert blur_pairs == (3 if blur else 0)
     rng = np.random.default_rng(7)
     pols = {mode: beaconkv.Policy(beaconkv.BeaconConfig(**cfg, draw_on_fill=mode), 1, 1, g, d,
                                   rope_theta=theta, prompt_len=prompt)
@@ -157,7 +163,7 @@ def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_sl
     keys = {m: rng.standard_normal((prompt, d)).astype(np.float32) for m in pols}
     pos = {m: np.arange(prompt, dtype=np.int32) for m in pols}
     keys[not draw_on_fill] = keys[draw_on_fill].copy()
-    recent, kept_sets, compressions, short_draws = [], {m: [] for m in pols}, 0, 0
+    recent, kept_sets, compressions, short_draws, blur_moved = [], {m: [] for m in pols}, 0, 0, 0
     for p in range(prompt, prompt + 150):
         k = rng.standard_normal((1, d)).astype(np.float32)
         pre = rng.standard_normal((g, d)).astype(np.float32) * 2
@@ -174,16 +180,21 @@ def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_sl
             if m == draw_on_fill:
                 beacons = buf.beacons(12, p, theta)
                 short_draws += int(len(beacons) < 12)
-                want = ref.beacon_keep(keys[m], np.stack(recent), beacons, 40,
-                                       prompt_len=prompt, n_recent=8, n_sinks=2,
-                                       prompt_slots=prompt_slots, positions=pos[m])
+                keep = functools.partial(ref.beacon_keep, keys[m], np.stack(recent), budget=40,
+                                         prompt_len=prompt, n_recent=8, n_sinks=2,
+                                         prompt_slots=prompt_slots, positions=pos[m])
+                rows = np.concatenate([beacons, ref.blurred_rows(beacons, blur_pairs, 5)]) \
+                    if blur else beacons
+                want = keep(rows)
                 np.testing.assert_array_equal(np.sort(slots), np.sort(want), f"step {p}")
+                blur_moved += int(blur > 0 and set(want) != set(keep(beacons)))
                 compressions += 1
             kept_sets[m].append(pos[m][slots].tolist())
             keys[m], pos[m] = keys[m][slots], pos[m][slots]
     assert compressions >= 10 and buf.reductions >= 2
     assert kept_sets[True] != kept_sets[False]
     assert (short_draws > 0) == (radius > 0)
+    assert (blur_moved > 0) == (blur > 0)
 
 
 def test_coverage_sample_is_one_token_per_stratum():
