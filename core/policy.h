@@ -41,8 +41,8 @@ struct ScoringTask {
   std::vector<uint8_t> protect;  // [num_tokens()] slot order, 1 = kept whatever the scores
   int64_t k = 0;                 // unprotected tokens kept, the best by pooled score
   // The last `rotated_rows` query rows are pre-RoPE (beacons, then any blurred beacon rows):
-  // the scorer rotates each of
-  // their head_dim vectors to position `rotate_to` (ScoringPlan::rope_theta) before scoring.
+  // the scorer rotates each of their head_dim vectors to position `rotate_to`
+  // (ScoringPlan::rope_theta) before scoring.
   int32_t rotated_rows = 0;
   int32_t rotate_to = 0;
   // An optional reserved region: empty, or [num_tokens()] slot order, 1 = in the region. The

@@ -245,7 +245,8 @@ std::vector<PolicyEntry> MakeRegistry() {
                  "radians per token above which a RoPE pair is zeroed in the blurred second "
                  "row of each leading beacon; 0 = off"),
        IntKnob("blurred_beacons", &B::blurred_beacons, 0,
-               "leading beacons (FPS order) that also score as a blurred row (blur_speed > 0)")}));
+               "leading beacons (in the bank's order) that also score as a blurred row (blur_speed "
+               "> 0)")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }

@@ -150,7 +150,8 @@ struct BeaconConfig {
   // beacon rows and draws fewer points (BeaconBank). 0 = every draw takes buffer_min points
   // and n_beacons beacons. Why: docs/results/accuracy.md, "A beacon radius".
   double beacon_radius = 0.0;
-  // > 0 (radians per token): each of the first `blurred_beacons` beacons (FPS order) is scored
+  // > 0 (radians per token): each of the first `blurred_beacons` beacons (the bank's order:
+  // FPS order once the buffer has been reduced) is scored
   // twice, as it is and as a "blurred" row with every RoPE pair that turns faster than
   // `blur_speed` zeroed (pair i = dims (i, i + head_dim / 2), rope_theta^(-2i / head_dim)
   // radians per token): the slow pairs still place a read roughly, the fast ones, which fix
