@@ -6,6 +6,7 @@
 // in one run and prints the ratios (docs/policies.md).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -148,16 +149,23 @@ void BM_BeaconObserveStep(benchmark::State& bench) {
 BENCHMARK(BM_BeaconObserveStep)->Unit(benchmark::kMicrosecond)->Iterations(480);
 
 // BeaconKV's scoring of one head: `rows` observation rows (recent queries + beacons) against
-// `n` keys, max over rows of the softmax probability.
+// `n` keys, max over rows of the softmax probability. The last `blurred` rows have their six
+// fastest RoPE pairs zeroed, as blurred beacon rows (blur_speed = 0.02 on the tiny reasoners).
 void BM_AttentionScores(benchmark::State& bench) {
   const auto rows = static_cast<int32_t>(bench.range(0));
   const auto n = static_cast<int32_t>(bench.range(1));
   const auto d = static_cast<int32_t>(bench.range(2));
+  const auto blurred = static_cast<int32_t>(bench.range(3));
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> keys(static_cast<size_t>(n) * d), queries(static_cast<size_t>(rows) * d);
   for (float& x : keys) x = dist(rng);
   for (float& x : queries) x = dist(rng);
+  for (int32_t r = rows - blurred; r < rows; ++r) {
+    float* row = queries.data() + static_cast<size_t>(r) * d;
+    std::fill_n(row, std::min(6, d / 2), 0.0f);
+    std::fill_n(row + d / 2, std::min(6, d / 2), 0.0f);
+  }
   std::vector<float> out(n);
   ScoreScratch scratch;
   for (auto _ : bench) {
@@ -168,11 +176,12 @@ void BM_AttentionScores(benchmark::State& bench) {
 }
 
 BENCHMARK(BM_AttentionScores)
-    ->ArgNames({"rows", "keys", "dim"})
-    ->Args({352, 128, 32})
-    ->Args({352, 256, 32})
-    ->Args({352, 257, 32})
-    ->Args({448, 2176, 128})
+    ->ArgNames({"rows", "keys", "dim", "blurred"})
+    ->Args({352, 128, 32, 0})
+    ->Args({352, 256, 32, 0})
+    ->Args({352, 257, 32, 0})
+    ->Args({480, 256, 32, 128})
+    ->Args({448, 2176, 128, 0})
     ->Unit(benchmark::kMicrosecond);
 
 // One cosine FPS (the beacon buffer's reduction and beacon draw): points, head_dim, picks.

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/redundancy.h"
@@ -101,6 +103,19 @@ INSTANTIATE_TEST_SUITE_P(OddSizes, AttentionScoresTest,
                                             ::testing::Values(2, 6, 64), ::testing::Values(1, 3, 4),
                                             ::testing::Values(1, 5)));
 
+// AttentionScores' max-of-probabilities scores within 2e-5 (relative past 1) of the double
+// reference's, every key.
+void ExpectMaxProbsMatchNaive(const std::vector<float>& keys, int32_t n, int32_t d,
+                              const std::vector<float>& q, int32_t nq, int32_t g) {
+  std::vector<float> out(n);
+  ScoreScratch scratch;
+  AttentionScores(keys.data(), 0, n, d, q.data(), nq, g,
+                  {GqaReduction::kMaxProbs, QueryReduction::kMax}, out.data(), &scratch);
+  const std::vector<double> ref =
+      NaiveScores(keys, 0, n, d, q, nq, g, GqaReduction::kMaxProbs, QueryReduction::kMax);
+  for (int32_t j = 0; j < n; ++j) ASSERT_NEAR(out[j], ref[j], 2e-5 * std::max(1.0, ref[j])) << j;
+}
+
 // The max-of-probabilities path on either side of the size where the fused AVX-512 kernel
 // hands over to the blocked GEMM (256 KB of keys): 300 x 128 floats is fused, 1,100 x 64 is
 // not; rows 4k+3 and key counts off the 16-lane grid exercise the tails.
@@ -111,13 +126,7 @@ TEST(AttentionScoresTest, MaxProbsMatchesNaiveAcrossTheFusedKernelsReach) {
     std::mt19937 rng(n + d);
     const std::vector<float> keys = Random(rng, static_cast<size_t>(n) * d);
     const std::vector<float> q = Random(rng, static_cast<size_t>(nq) * g * d, 2.0f);
-    std::vector<float> out(n);
-    ScoreScratch scratch;
-    AttentionScores(keys.data(), 0, n, d, q.data(), nq, g,
-                    {GqaReduction::kMaxProbs, QueryReduction::kMax}, out.data(), &scratch);
-    const std::vector<double> ref =
-        NaiveScores(keys, 0, n, d, q, nq, g, GqaReduction::kMaxProbs, QueryReduction::kMax);
-    for (int32_t j = 0; j < n; ++j) ASSERT_NEAR(out[j], ref[j], 2e-5 * std::max(1.0, ref[j])) << j;
+    ExpectMaxProbsMatchNaive(keys, n, d, q, nq, g);
   }
 }
 
@@ -138,13 +147,34 @@ TEST(AttentionScoresTest, MaxProbsMatchesNaiveAtExtremeLogits) {
     // (A normal distribution needs a positive deviation: the zero query is written out.)
     const std::vector<float> q = scale > 0.0f ? Random(rng, static_cast<size_t>(nq) * d, scale)
                                               : std::vector<float>(static_cast<size_t>(nq) * d);
-    std::vector<float> out(n);
-    ScoreScratch scratch;
-    AttentionScores(keys.data(), 0, n, d, q.data(), nq, 1,
-                    {GqaReduction::kMaxProbs, QueryReduction::kMax}, out.data(), &scratch);
-    const std::vector<double> ref =
-        NaiveScores(keys, 0, n, d, q, nq, 1, GqaReduction::kMaxProbs, QueryReduction::kMax);
-    for (int32_t j = 0; j < n; ++j) ASSERT_NEAR(out[j], ref[j], 2e-5 * std::max(1.0, ref[j])) << j;
+    ExpectMaxProbsMatchNaive(keys, n, d, q, nq, 1);
+  }
+}
+
+// Query rows with zero dimensions, in the fused kernel's groups of four rows. Each row is full
+// ('f'), blurred ('b': RoPE pairs (i, i + d / 2), i < 6, zeroed, as a blurred beacon row) or
+// zero ('z'): groups of blurred rows after full ones, groups mixing the kinds in either order,
+// a group of rows that are all zero. The scores stay those of the double-precision reference
+// (a kernel that skipped a group's zero dimensions, and got the group wrong, fails here).
+TEST(AttentionScoresTest, MaxProbsMatchesNaiveWithZeroDimensions) {
+  constexpr int32_t d = 32;
+  std::mt19937 rng(11);
+  for (const auto& [n, kinds] :
+       {std::pair{300, std::string("fffffbbbbbb")}, std::pair{70, std::string("ffffbbbbzzzz")},
+        std::pair{129, std::string("bbbb")}, std::pair{45, std::string("bfbbzbbfb")}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n << " rows " << kinds);
+    const auto nq = static_cast<int32_t>(kinds.size());
+    const std::vector<float> keys = Random(rng, static_cast<size_t>(n) * d);
+    std::vector<float> q = Random(rng, static_cast<size_t>(nq) * d, 2.0f);
+    for (int32_t r = 0; r < nq; ++r) {
+      float* row = q.data() + static_cast<size_t>(r) * d;
+      if (kinds[r] == 'z') std::fill_n(row, d, 0.0f);
+      if (kinds[r] == 'b') {
+        std::fill_n(row, 6, 0.0f);
+        std::fill_n(row + d / 2, 6, 0.0f);
+      }
+    }
+    ExpectMaxProbsMatchNaive(keys, n, d, q, nq, 1);
   }
 }
 
