@@ -30,6 +30,8 @@ import math
 import os
 import sys
 
+from beaconkv.stats import wilson
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 BEGIN = "<!-- results-table:begin (tools/make_results.py) -->"
 END = "<!-- results-table:end -->"
@@ -80,15 +82,6 @@ def share(value, reference):
     if isinstance(value, float) and math.isnan(value):
         return None
     return value / reference
-
-
-def wilson(accuracy, n, z: float = 1.96):
-    """The 95 % Wilson score interval of a proportion `accuracy` over `n` trials."""
-    if accuracy is None or not n:
-        return None
-    centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def fmt_interval(interval) -> str:

@@ -1,4 +1,4 @@
-"""The ``beaconkv`` command line: generate, eval, demo, analyze, bench throughput."""
+"""The ``beaconkv`` command line: generate, eval, compare, demo, analyze, bench throughput."""
 
 from __future__ import annotations
 
@@ -71,6 +71,53 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_per_problem(path: str) -> tuple[list[str], list[bool], dict]:
+    """The problem ids and per-problem correctness of a ``beaconkv eval --json`` file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            r = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    ids, correct = (r.get("problem_ids"), r.get("correct")) if isinstance(r, dict) else (None, None)
+    if not isinstance(ids, list) or not isinstance(correct, list) or len(ids) != len(correct) \
+            or not all(isinstance(c, bool) for c in correct):
+        raise ValueError(f"{path}: no per-problem results (problem_ids and correct, as "
+                         f"'beaconkv eval --json' writes them for a greedy run)")
+    return ids, correct, r
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .stats import paired, wilson
+
+    files = args.runs
+    if len(files) % 2:
+        raise ValueError(f"runs come in pairs (reference, other); got {len(files)} files")
+    a_all, b_all = [], []
+
+    def line(label: str, c) -> str:
+        lo, hi = c.difference_interval()
+        ia, ib = wilson(c.correct_a / c.n, c.n), wilson(c.correct_b / c.n, c.n)
+        return (f"{label}n={c.n} a={c.correct_a / c.n:.4f} [{ia[0]:.3f}, {ia[1]:.3f}] "
+                f"b={c.correct_b / c.n:.4f} [{ib[0]:.3f}, {ib[1]:.3f}] "
+                f"b-a={100 * c.difference:+.2f} pt [{100 * lo:+.2f}, {100 * hi:+.2f}] "
+                f"lost={c.lost} gained={c.gained} mcnemar_p={c.p_value:.2g}")
+
+    for fa, fb in zip(files[::2], files[1::2]):
+        ids_a, ca, _ = _load_per_problem(fa)
+        ids_b, cb, _ = _load_per_problem(fb)
+        if ids_a != ids_b:
+            diff = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y),
+                        min(len(ids_a), len(ids_b)))
+            raise ValueError(f"{fa} and {fb} are not runs of the same problems ({len(ids_a)} "
+                             f"and {len(ids_b)} problems; they first differ at position {diff})")
+        a_all += ca
+        b_all += cb
+        if len(files) > 2:
+            print(line(f"{fa} {fb}: ", paired(ca, cb)))
+    print(line("all: " if len(files) > 2 else "", paired(a_all, b_all)))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_block_manager_demo, run_demo
 
@@ -128,6 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--teacher-forced", action="store_true",
                    help="feed the reference outputs; compare with the full cache")
     e.set_defaults(func=_cmd_eval)
+
+    c = sub.add_parser(
+        "compare", help="paired comparison of eval runs on the same problems",
+        description="Paired comparison of 'beaconkv eval --json' runs of two settings on the same "
+                    "problems: each accuracy with its 95 %% Wilson interval, the difference (b - a) "
+                    "with its 95 %% interval, the problems b lost and gained, and the exact "
+                    "McNemar p. Several pairs (one per split) are also pooled.")
+    c.add_argument("runs", nargs="+", metavar="RUN.json",
+                   help="pairs of eval JSON files: reference (a), then other (b), per split")
+    c.set_defaults(func=_cmd_compare)
 
     d = sub.add_parser("demo", help="the main job: full cache vs BeaconKV vs a baseline")
     d.add_argument("--model", default=default_model_dir(), help="HF-style model directory")

@@ -49,6 +49,10 @@ class EvalResult:
     out_of_memory: int  # requests the pool could not hold to the end (scored as wrong)
     engine_stats: dict
     policy_config: dict  # every knob of the configuration that ran
+    # Per problem, in the split's order: its id (the record's "id", else its index) and
+    # whether the answer was right; `beaconkv compare` pairs two runs by these.
+    problem_ids: list[str]
+    correct: list[bool]
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -114,6 +118,7 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
             bar.update(len(done))
     wall = time.perf_counter() - start
     correct = 0
+    per_problem = [False] * len(problems)
     gen_tokens = 0
     peak = full = 0.0
     for out in outputs:
@@ -121,6 +126,7 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
         text = tok.decode(out["output"])
         ok = extract_answer(text) == p["answer"]
         correct += ok
+        per_problem[out["id"]] = ok
         gen_tokens += len(out["output"])
         peak += out["peak_retained_tokens"]
         full += out["prompt_len"] + len(out["output"])
@@ -136,7 +142,8 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
         tokens_per_second=gen_tokens / wall if wall > 0 else 0.0, wall_seconds=wall,
         preemptions=stats["preemptions"]["recompute"] + stats["preemptions"]["swap"],
         out_of_memory=sum(o["finish_reason"] == "out_of_memory" for o in outputs),
-        engine_stats=stats, policy_config=cfg.to_dict())
+        engine_stats=stats, policy_config=cfg.to_dict(),
+        problem_ids=[str(p.get("id", i)) for i, p in enumerate(problems)], correct=per_problem)
 
 
 def _log_softmax(x):

@@ -32,6 +32,10 @@ def test_eval_writes_the_json_contract(tmp_path):
         prompt_lens = [len(json.loads(line)["prompt"]) + 1 for line in f.readlines()[:2]]
     assert data["peak_kv_tokens_per_seq"] <= max(80, max(prompt_lens) + 1)
     assert data["compression_ratio"] > 1.0
+    # Per problem, in the split's order, for `beaconkv compare`.
+    with open(os.path.join(MODEL, "data", "dev.jsonl")) as f:
+        assert data["problem_ids"] == [json.loads(line)["id"] for line in f.readlines()[:2]]
+    assert len(data["correct"]) == 2 and sum(data["correct"]) == round(2 * data["accuracy"])
 
 
 def test_teacher_forced_full_agrees_with_itself_and_split_may_be_a_file(tmp_path):
@@ -71,6 +75,54 @@ def test_errors_are_one_line_without_traceback(args, message):
     r = cli(*args[:1], "--model", MODEL, *args[1:])
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
+    assert message in r.stderr
+
+
+def write_run(path, correct, ids=None):
+    path.write_text(json.dumps({"problem_ids": ids or [str(i) for i in range(len(correct))],
+                                "correct": correct, "accuracy": sum(correct) / len(correct)}))
+    return str(path)
+
+
+def test_compare_reports_a_paired_difference(tmp_path):
+    # 10 problems: a gets 8, b gets 6; b loses problems 0, 1, 2 and gains 9. The difference's
+    # interval: -0.2 +- 1.96 sqrt(4 - 4 / 10) / 10; McNemar: 2 (1 + 4) / 2^4.
+    a = write_run(tmp_path / "a.json", [True] * 8 + [False] * 2)
+    b = write_run(tmp_path / "b.json", [False] * 3 + [True] * 5 + [False, True])
+    r = cli("compare", a, b)
+    assert r.returncode == 0, r.stderr
+    assert "n=10 a=0.8000 [0.490, 0.943] b=0.6000 [0.313, 0.832]" in r.stdout
+    assert "b-a=-20.00 pt [-57.19, +17.19] lost=3 gained=1 mcnemar_p=0.62" in r.stdout
+    # Two pairs (two splits): a line each and the pooled line.
+    c = write_run(tmp_path / "c.json", [True] * 4, ids=list("wxyz"))
+    d = write_run(tmp_path / "d.json", [True, True, False, False], ids=list("wxyz"))
+    r = cli("compare", a, b, c, d)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3 and lines[2].startswith("all: n=14 a=0.8571")
+    assert "lost=5 gained=1" in lines[2]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("odd", "runs come in pairs"),
+    ("other problems", "are not runs of the same problems"),
+    ("no per-problem results", "no per-problem results"),
+    ("not json", "not valid JSON"),
+    ("missing", "No such file"),
+])
+def test_compare_errors_name_the_problem(tmp_path, case, message):
+    a = write_run(tmp_path / "a.json", [True, False])
+    other = {
+        "odd": None,
+        "other problems": write_run(tmp_path / "b.json", [True, True], ids=["0", "7"]),
+        "no per-problem results": str(tmp_path / "old.json"),
+        "not json": str(tmp_path / "bad.json"),
+        "missing": str(tmp_path / "nope.json"),
+    }[case]
+    (tmp_path / "old.json").write_text(json.dumps({"accuracy": 0.5}))
+    (tmp_path / "bad.json").write_text("{")
+    r = cli("compare", a, *([other] if other else []))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
     assert message in r.stderr
 
 
@@ -122,7 +174,7 @@ def test_python_dash_m_beaconkv_is_the_cli():
     r = subprocess.run([sys.executable, "-m", "beaconkv", "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    for sub in ("generate", "eval", "demo", "analyze", "bench"):
+    for sub in ("generate", "eval", "compare", "demo", "analyze", "bench"):
         assert sub in r.stdout
 
 
@@ -146,7 +198,7 @@ def test_every_option_has_help_and_the_docstring_names_every_subcommand():
             if action.option_strings and not isinstance(action, argparse._HelpAction):
                 assert action.help, f"{' '.join(path)} {action.option_strings[0]} has no help"
     leaves = {" ".join(p[1:]) for p in found if len(p) > 1} - {"bench"}
-    assert leaves == {"generate", "eval", "demo", "analyze", "bench throughput"}
+    assert leaves == {"generate", "eval", "compare", "demo", "analyze", "bench throughput"}
     for leaf in leaves:
         assert leaf in cli.__doc__
     # --policy lists the core's policy names.
