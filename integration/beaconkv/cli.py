@@ -79,10 +79,16 @@ def _load_per_problem(path: str) -> tuple[list[str], list[bool], dict]:
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     ids, correct = (r.get("problem_ids"), r.get("correct")) if isinstance(r, dict) else (None, None)
-    if not isinstance(ids, list) or not isinstance(correct, list) or len(ids) != len(correct) \
-            or not all(isinstance(c, bool) for c in correct):
+    if not isinstance(ids, list) or not isinstance(correct, list):
         raise ValueError(f"{path}: no per-problem results (problem_ids and correct, as "
                          f"'beaconkv eval --json' writes them for a greedy run)")
+    if len(ids) != len(correct):
+        raise ValueError(f"{path}: {len(ids)} problem_ids but {len(correct)} correct entries")
+    if not ids:
+        raise ValueError(f"{path}: a run of no problems")
+    bad = next((i for i, c in enumerate(correct) if not isinstance(c, bool)), None)
+    if bad is not None:
+        raise ValueError(f"{path}: correct[{bad}] = {correct[bad]!r} is not true or false")
     return ids, correct, r
 
 
@@ -179,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "compare", help="paired comparison of eval runs on the same problems",
         description="Paired comparison of 'beaconkv eval --json' runs of two settings on the same "
-                    "problems: each accuracy with its 95 %% Wilson interval, the difference (b - a) "
-                    "with its 95 %% interval, the problems b lost and gained, and the exact "
+                    "problems: each accuracy with its 95 % Wilson interval, the difference (b - a) "
+                    "with its 95 % interval, the problems b lost and gained, and the exact "
                     "McNemar p. Several pairs (one per split) are also pooled.")
     c.add_argument("runs", nargs="+", metavar="RUN.json",
                    help="pairs of eval JSON files: reference (a), then other (b), per split")

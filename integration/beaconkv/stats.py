@@ -17,7 +17,10 @@ def wilson(accuracy: float | None, n: int, z: float = 1.96) -> tuple[float, floa
         return None
     centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # At 0 and 1 the interval ends exactly there (the float sum may miss it by an ulp).
+    lo = 0.0 if accuracy <= 0.0 else max(0.0, centre - half)
+    hi = 1.0 if accuracy >= 1.0 else min(1.0, centre + half)
+    return lo, hi
 
 
 def mcnemar_p(lost: int, gained: int) -> float:

@@ -78,6 +78,28 @@ def test_errors_are_one_line_without_traceback(args, message):
     assert message in r.stderr
 
 
+def test_eval_records_each_problem_under_its_own_id(tmp_path):
+    # A long problem, two short ones, a long one, two at a time: the second finishes first.
+    # The second and fourth carry a wrong reference answer, so the full cache gets exactly
+    # the first and third right, and each entry must sit beside its own problem's id.
+    from beaconkv.evaluate import evaluate
+
+    with open(os.path.join(MODEL, "data", "dev.jsonl")) as f:
+        problems = sorted((json.loads(line) for line in f.readlines()[:12]),
+                          key=lambda p: -len(p["target"]))
+    chosen = [problems[0], problems[-1], problems[-2], problems[1]]
+    for i in (1, 3):
+        chosen[i] = dict(chosen[i], answer="0")
+    split = tmp_path / "mixed.jsonl"
+    split.write_text("".join(json.dumps(p) + "\n" for p in chosen))
+    order = []
+    r = evaluate(MODEL, str(split), "full", None, max_batch=2,
+                 on_output=lambda p, o: order.append(o["id"]))
+    assert order[0] == 1  # out of the split's order
+    assert r.problem_ids == [p["id"] for p in chosen]
+    assert r.correct == [True, False, True, False]
+
+
 def write_run(path, correct, ids=None):
     path.write_text(json.dumps({"problem_ids": ids or [str(i) for i in range(len(correct))],
                                 "correct": correct, "accuracy": sum(correct) / len(correct)}))
@@ -107,6 +129,11 @@ def test_compare_reports_a_paired_difference(tmp_path):
     ("odd", "runs come in pairs"),
     ("other problems", "are not runs of the same problems"),
     ("no per-problem results", "no per-problem results"),
+    ("not an object", "no per-problem results"),
+    ("teacher forced", "no per-problem results"),
+    ("lengths", "2 problem_ids but 1 correct entries"),
+    ("not a bool", "correct[1] = 1 is not true or false"),
+    ("empty", "a run of no problems"),
     ("not json", "not valid JSON"),
     ("missing", "No such file"),
 ])
@@ -116,10 +143,22 @@ def test_compare_errors_name_the_problem(tmp_path, case, message):
         "odd": None,
         "other problems": write_run(tmp_path / "b.json", [True, True], ids=["0", "7"]),
         "no per-problem results": str(tmp_path / "old.json"),
+        "not an object": str(tmp_path / "list.json"),
+        "teacher forced": str(tmp_path / "tf.json"),
+        "lengths": str(tmp_path / "lengths.json"),
+        "not a bool": str(tmp_path / "int.json"),
+        "empty": str(tmp_path / "empty.json"),
         "not json": str(tmp_path / "bad.json"),
         "missing": str(tmp_path / "nope.json"),
     }[case]
     (tmp_path / "old.json").write_text(json.dumps({"accuracy": 0.5}))
+    (tmp_path / "list.json").write_text(json.dumps([True, False]))
+    (tmp_path / "tf.json").write_text(json.dumps({"accuracy": 0.5, "token_agreement": 0.9}))
+    (tmp_path / "lengths.json").write_text(json.dumps({"problem_ids": ["0", "1"],
+                                                       "correct": [True]}))
+    (tmp_path / "int.json").write_text(json.dumps({"problem_ids": ["0", "1"],
+                                                   "correct": [True, 1]}))
+    (tmp_path / "empty.json").write_text(json.dumps({"problem_ids": [], "correct": []}))
     (tmp_path / "bad.json").write_text("{")
     r = cli("compare", a, *([other] if other else []))
     assert r.returncode == 1 and "Traceback" not in r.stderr

@@ -10,9 +10,13 @@ from beaconkv.stats import mcnemar_p, paired, wilson
 def test_wilson_interval():
     lo, hi = wilson(0.5, 100)
     assert lo == pytest.approx(0.4038, abs=1e-4) and hi == pytest.approx(0.5962, abs=1e-4)
-    # All right: the interval stays inside [0, 1] and below 1 at its lower end.
-    lo, hi = wilson(1.0, 200)
-    assert hi == 1.0 and 0.98 < lo < 1.0
+    # All right (all wrong): the interval ends exactly at 1 (0), whatever n.
+    for n in (1, 6, 21, 100, 200):
+        lo, hi = wilson(1.0, n)
+        assert hi == 1.0 and 0.0 < lo < 1.0
+        lo, hi = wilson(0.0, n)
+        assert lo == 0.0 and 0.0 < hi < 1.0
+    assert 0.98 < wilson(1.0, 200)[0]
     assert wilson(None, 10) is None and wilson(0.5, 0) is None
 
 
