@@ -71,7 +71,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_per_problem(path: str) -> tuple[list[str], list[bool], dict]:
+def _load_per_problem(path: str) -> tuple[list[str], list[bool]]:
     """The problem ids and per-problem correctness of a ``beaconkv eval --json`` file."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -89,7 +89,7 @@ def _load_per_problem(path: str) -> tuple[list[str], list[bool], dict]:
     bad = next((i for i, c in enumerate(correct) if not isinstance(c, bool)), None)
     if bad is not None:
         raise ValueError(f"{path}: correct[{bad}] = {correct[bad]!r} is not true or false")
-    return ids, correct, r
+    return ids, correct
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -109,8 +109,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 f"lost={c.lost} gained={c.gained} mcnemar_p={c.p_value:.2g}")
 
     for fa, fb in zip(files[::2], files[1::2]):
-        ids_a, ca, _ = _load_per_problem(fa)
-        ids_b, cb, _ = _load_per_problem(fb)
+        ids_a, ca = _load_per_problem(fa)
+        ids_b, cb = _load_per_problem(fb)
         if ids_a != ids_b:
             diff = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y),
                         min(len(ids_a), len(ids_b)))

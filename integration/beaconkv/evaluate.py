@@ -117,7 +117,6 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
         if done:
             bar.update(len(done))
     wall = time.perf_counter() - start
-    correct = 0
     per_problem = [False] * len(problems)
     gen_tokens = 0
     peak = full = 0.0
@@ -125,7 +124,6 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
         p = problems[out["id"]]
         text = tok.decode(out["output"])
         ok = extract_answer(text) == p["answer"]
-        correct += ok
         per_problem[out["id"]] = ok
         gen_tokens += len(out["output"])
         peak += out["peak_retained_tokens"]
@@ -136,7 +134,7 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
     stats = json.loads(engine.stats_json())
     return EvalResult(
         policy=policy, budget=beaconkv.policy_budget(cfg), num_problems=n,
-        accuracy=correct / n, mean_generated_tokens=gen_tokens / n,
+        accuracy=sum(per_problem) / n, mean_generated_tokens=gen_tokens / n,
         peak_kv_tokens_per_seq=peak / n, full_kv_tokens_per_seq=full / n,
         compression_ratio=full / peak if peak else 1.0,
         tokens_per_second=gen_tokens / wall if wall > 0 else 0.0, wall_seconds=wall,
