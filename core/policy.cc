@@ -321,6 +321,15 @@ absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& 
         "policy beacon: layer_budget_offsets has %d entries for a model of %d layers",
         b->layer_budget_offsets.size(), geometry.num_layers));
   }
+  if (const auto* b = std::get_if<BeaconConfig>(&config); b != nullptr) {
+    for (const int32_t l : b->blur_layers) {
+      if (l >= geometry.num_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("policy beacon: blur_layers names layer %d of a model of %d layers", l,
+                            geometry.num_layers));
+      }
+    }
+  }
   if (std::holds_alternative<BeaconConfig>(config) && geometry.head_dim() > kMaxFpsDim) {
     return absl::InvalidArgumentError(
         absl::StrFormat("policy beacon: head_dim %d is above the %d its farthest-point sampling "

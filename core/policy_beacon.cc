@@ -25,6 +25,8 @@ class BeaconState final : public PolicyState {
     if (c.blur_speed > 0.0) {
       for (const float w : rope_.inv_freq()) blur_pairs_ += static_cast<double>(w) > c.blur_speed;
     }
+    blurs_layer_.assign(g.num_layers, c.blur_layers.empty() && blur_pairs_ > 0);
+    for (const int32_t l : c.blur_layers) blurs_layer_[l] = blur_pairs_ > 0;
     rings_.assign(g.num_heads_total(), QueryRing(c.n_recent, g.group_size * g.head_dim()));
     banks_.reserve(g.num_heads_total());
     for (int32_t i = 0; i < g.num_heads_total(); ++i) {
@@ -286,7 +288,8 @@ class BeaconState final : public PolicyState {
     const int32_t beacons =
         rotate ? bank.Beacons(config_.n_beacons, rope_, current_position, &beacons_)
                : bank.Beacons(config_.n_beacons, &beacons_);
-    const int32_t blurred = blur_pairs_ > 0 ? std::min(beacons, config_.blurred_beacons) : 0;
+    const bool blurs = blurs_layer_[head_index / geometry_.num_kv_heads];
+    const int32_t blurred = blurs ? std::min(beacons, config_.blurred_beacons) : 0;
     if (beacon_rows != nullptr) *beacon_rows = beacons + blurred;
     // Every recent query of every query head, and every beacon, is one observation row;
     // max over rows == max over queries and over the group.
@@ -308,6 +311,7 @@ class BeaconState final : public PolicyState {
   BeaconConfig config_;
   Rope rope_;
   int32_t blur_pairs_ = 0;               // leading RoPE pairs zeroed in a blurred beacon row
+  std::vector<bool> blurs_layer_;        // [num_layers]: the layer's heads score blurred rows
   std::vector<QueryRing> rings_;         // [num_heads_total], newest n_recent post-RoPE steps
   std::vector<BeaconBank> banks_;        // [num_heads_total], pre-RoPE query buffers
   std::vector<float> beacons_;           // [n_beacons, head_dim] scratch

@@ -246,7 +246,10 @@ std::vector<PolicyEntry> MakeRegistry() {
                  "row of each leading beacon; 0 = off"),
        IntKnob("blurred_beacons", &B::blurred_beacons, 0,
                "leading beacons (in the bank's order) that also score as a blurred row (blur_speed "
-               "> 0)")}));
+               "> 0)"),
+       IntListKnob("blur_layers", &B::blur_layers,
+                   "layers whose heads score blurred rows (blur_speed > 0), distinct indices "
+                   "joined by '/' (e.g. 3); empty = every layer")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }

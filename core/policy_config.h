@@ -159,6 +159,11 @@ struct BeaconConfig {
   // other offsets. 0 = off. Why: docs/results/accuracy.md, "Blurred beacons".
   double blur_speed = 0.0;
   int32_t blurred_beacons = 128;  // how many leading beacons get a blurred row (blur_speed > 0)
+  // The layers whose heads score blurred rows (blur_speed > 0): distinct layer indices, each
+  // below the model's layer count; empty = every layer. As a knob, joined by '/', e.g. "3".
+  // Where blurred rows help is a property of the model, found on its tuning split like the
+  // per-layer budgets. Why: docs/results/accuracy.md, "Blurred rows in chosen layers".
+  std::vector<int32_t> blur_layers;
 };
 
 // Layer `layer`'s budget per head: `budget` plus the layer's entry of `offsets` (none past

@@ -111,6 +111,22 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
                              "redundancy subtracted can be negative, which pooled budgets "
                              "cannot normalise)");
             }
+            if (!c.blur_layers.empty() && c.blur_speed <= 0.0) {
+              return Invalid("beacon",
+                             "blur_layers needs blur_speed > 0 (without it no layer "
+                             "scores blurred rows)");
+            }
+            for (size_t i = 0; i < c.blur_layers.size(); ++i) {
+              if (c.blur_layers[i] < 0) {
+                return Invalid("beacon", absl::StrFormat("blur_layers: layer %d is negative",
+                                                         c.blur_layers[i]));
+              }
+              if (std::find(c.blur_layers.begin(), c.blur_layers.begin() + i, c.blur_layers[i]) !=
+                  c.blur_layers.begin() + i) {
+                return Invalid("beacon", absl::StrFormat("blur_layers: layer %d is listed twice",
+                                                         c.blur_layers[i]));
+              }
+            }
             return CheckKernel("beacon", c.pool_kernel);
           },
       },

@@ -198,6 +198,35 @@ TEST(PolicyRegistryTest, BlurKnobsRejectNegativeValues) {
   EXPECT_TRUE(Contains(ValidatePolicyConfig(b), "blurred_beacons"));
 }
 
+// blur_layers: distinct layer indices joined by '/', only with blur_speed > 0, each below the
+// model's layer count (checked where the model is known); empty = every layer.
+TEST(PolicyRegistryTest, BlurLayersAreDistinctLayersOfTheModel) {
+  const PolicyConfig c = Build({"beacon:blur_speed=0.02,blur_layers=3/1", 96, 32, {}});
+  EXPECT_EQ(std::get<BeaconConfig>(c).blur_layers, (std::vector<int32_t>{3, 1}));
+  EXPECT_EQ(std::get<std::string>(*GetKnob(c, "blur_layers")), "3/1");
+  EXPECT_EQ(std::get<std::string>(*GetKnob(BeaconConfig{}, "blur_layers")), "");
+  ASSERT_TRUE(ValidatePolicyConfig(c).ok());
+  BeaconConfig b = std::get<BeaconConfig>(c);
+  b.blur_layers = {1, -1};
+  EXPECT_TRUE(Contains(ValidatePolicyConfig(b), "blur_layers: layer -1 is negative"));
+  b.blur_layers = {1, 3, 1};
+  EXPECT_TRUE(Contains(ValidatePolicyConfig(b), "blur_layers: layer 1 is listed twice"));
+  b.blur_layers = {1};
+  b.blur_speed = 0.0;
+  EXPECT_TRUE(Contains(ValidatePolicyConfig(b), "blur_layers needs blur_speed > 0"));
+  EXPECT_TRUE(
+      Contains(BuildError({"beacon:blur_layers=x", 96, 32, {}}), "expected integers joined by"));
+  PolicyGeometry geo;
+  geo.num_layers = 2;
+  geo.num_kv_heads = 1;
+  geo.group_size = 1;
+  geo.rope.head_dim = 8;
+  EXPECT_TRUE(Contains(NewPolicyState(c, geo, 4).status(),
+                       "blur_layers names layer 3 of a model of 2 layers"));
+  geo.num_layers = 4;
+  EXPECT_TRUE(NewPolicyState(c, geo, 4).ok());
+}
+
 TEST(PolicyRegistryTest, CountBiasGoesToTheCoverageLayersOfBeaconOnly) {
   BeaconConfig b;
   EXPECT_EQ(CountBiasLayers(b), 1);  // on by default, layer 0 the one coverage layer

@@ -296,6 +296,11 @@ BeaconConfig Beacon(int32_t budget, int32_t interval, int32_t pool, int32_t cove
   return c;
 }
 
+BeaconConfig BlurIn(BeaconConfig c, std::vector<int32_t> layers) {
+  c.blur_layers = std::move(layers);
+  return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, PlannedScoringTest,
     ::testing::Values(
@@ -336,7 +341,63 @@ INSTANTIATE_TEST_SUITE_P(
         // per token zeroes some pairs, 1e-9 every pair: all-zero rows).
         Params{Beacon(48, 16, 1, 1, false, 0.0, 0.5, 4, false, {}, 0.0, 0.02), Geometry{}, 28},
         Params{Beacon(64, 32, 3, 1, false, 0.0, 0.5, 4, true, {}, 0.0, 1e-9),
-               Geometry{2, 2, 2, 16, 8}, 29}));
+               Geometry{2, 2, 2, 16, 8}, 29},
+        // ... in chosen layers only (blur_layers), uniform and pooled.
+        Params{BlurIn(Beacon(48, 16, 1, 1, false, 0.0, 0.5, 4, false, {}, 0.0, 0.02), {1}),
+               Geometry{}, 30},
+        Params{BlurIn(Beacon(40, 8, 3, 0, false, 0.0, 0.5, 3, true, {}, 0.0, 0.02), {2, 0}),
+               Geometry{3, 1, 4, 32, 16}, 31}));
+
+// blur_layers: the listed layers' plans are those of blurred rows in every layer, the other
+// layers' those of no blurred rows at all (same queries observed by the three states).
+TEST(PlanScoringTest, BlurLayersBlurOnlyTheListedLayers) {
+  Geometry g;
+  g.layers = 3;
+  const int32_t prompt = 4, n = 80;
+  const BeaconConfig off = Beacon(48, 16, 1, 0, false);
+  const BeaconConfig every = Beacon(48, 16, 1, 0, false, 0.0, 0.5, 0, false, {}, 0.0, 0.02);
+  const BeaconConfig chosen = BlurIn(every, {2, 0});
+  std::vector<std::unique_ptr<PolicyState>> states;
+  for (const BeaconConfig& c : {off, every, chosen}) {
+    auto s = NewPolicyState(c, ToPolicyGeometry(g), prompt);
+    ASSERT_TRUE(s.ok()) << s.status();
+    states.push_back(*std::move(s));
+  }
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> pre(static_cast<size_t>(g.group) * g.head_dim), post(pre.size());
+  for (int32_t p = 0; p < n; ++p) {
+    for (int32_t l = 0; l < g.layers; ++l) {
+      for (int32_t h = 0; h < g.kv_heads; ++h) {
+        for (float& x : pre) x = normal(rng);
+        for (float& x : post) x = normal(rng);
+        for (auto& s : states) ASSERT_TRUE(s->Observe(l, h, {p, pre.data(), post.data()}, {}).ok());
+      }
+    }
+  }
+  std::vector<int32_t> positions(n);
+  std::iota(positions.begin(), positions.end(), 0);
+  std::vector<HeadKeys> heads(g.kv_heads, HeadKeys{nullptr, positions.data(), n});
+  std::vector<int32_t> due(g.kv_heads);
+  std::iota(due.begin(), due.end(), 0);
+  for (int32_t l = 0; l < g.layers; ++l) {
+    std::vector<ScoringPlan> plans;
+    for (auto& s : states) {
+      auto plan = s->PlanScoring(l, heads, due, n);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_EQ(plan->tasks.size(), due.size());
+      plans.push_back(*std::move(plan));
+    }
+    const bool blurred = l != 1;
+    const ScoringPlan& like = plans[blurred ? 1 : 0];
+    for (size_t t = 0; t < due.size(); ++t) {
+      const ScoringTask& got = plans[2].tasks[t];
+      EXPECT_EQ(got.rotated_rows, like.tasks[t].rotated_rows) << "layer " << l;
+      EXPECT_EQ(got.queries, like.tasks[t].queries) << "layer " << l;
+      EXPECT_EQ(got.num_queries > plans[0].tasks[t].num_queries, blurred) << "layer " << l;
+    }
+  }
+}
 
 TEST(PlanScoringTest, PoliciesWithoutAPlanSayToRunCompress) {
   Geometry g;

@@ -197,6 +197,47 @@ def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_sl
     assert (blur_moved > 0) == (blur > 0)
 
 
+def test_blur_layers_blur_only_the_listed_layers():
+    # Three policies see the same two-layer decode: blurred rows nowhere, in every layer, and
+    # in layer 1 only (blur_layers="1"). The last keeps what the first keeps in layer 0 and
+    # what the second keeps in layer 1, where blurring changes some keep set.
+    d, g, theta, layers = 16, 2, 1e4, 2
+    base = dict(budget=32, interval=8, n_recent=4, n_sinks=2, n_beacons=8, buffer_min=16,
+                buffer_max=48, coverage_layers=0, prompt_slots=0, blurred_beacons=8)
+    cfgs = {"off": {}, "every": {"blur_speed": 0.05},
+            "layer1": {"blur_speed": 0.05, "blur_layers": "1"}}
+    pols = {n: beaconkv.Policy(beaconkv.BeaconConfig(**base, **c), layers, 1, g, d,
+                               rope_theta=theta, prompt_len=4) for n, c in cfgs.items()}
+    rng = np.random.default_rng(3)
+    keys = [rng.standard_normal((4, d)).astype(np.float32) for _ in range(layers)]
+    pos = [np.arange(4, dtype=np.int32) for _ in range(layers)]
+    differs, compressions = [0, 0], 0
+    for p in range(4, 160):
+        for l in range(layers):
+            keys[l] = np.vstack([keys[l], rng.standard_normal((1, d)).astype(np.float32)])
+            pos[l] = np.append(pos[l], np.int32(p))
+            pre = rng.standard_normal((g, d)).astype(np.float32) * 2
+            post = rng.standard_normal((g, d)).astype(np.float32) * 2
+            for pol in pols.values():
+                pol.observe(l, 0, p, pre, post)
+            if not pols["off"].due_heads(l, [keys[l].shape[0]]):
+                continue
+            kept = {n: sorted(pol.compress(l, [keys[l]], [pos[l]], [0], p)[0][2].tolist())
+                    for n, pol in pols.items()}
+            assert kept["layer1"] == kept["every" if l == 1 else "off"], f"layer {l} step {p}"
+            differs[l] += kept["every"] != kept["off"]
+            compressions += 1
+            # Go on from the blurred-everywhere keep set in both layers (all three agree on
+            # the tokens they hold; each policy only scores them).
+            keys[l], pos[l] = keys[l][kept["every"]], pos[l][kept["every"]]
+    assert compressions >= 20 and differs[1] > 0
+    bad = beaconkv.BeaconConfig(**base, blur_speed=0.05, blur_layers="2")
+    with pytest.raises(ValueError, match="blur_layers names layer 2 of a model of 2 layers"):
+        beaconkv.Policy(bad, layers, 1, g, d, rope_theta=theta, prompt_len=4)
+    with pytest.raises(ValueError, match="blur_layers needs blur_speed > 0"):
+        beaconkv.BeaconConfig(**base, blur_layers="1").validate()
+
+
 def test_coverage_sample_is_one_token_per_stratum():
     protect = np.zeros(20, bool)
     protect[[0, 18, 19]] = True  # sink and recent window
