@@ -82,7 +82,7 @@ class VllmKvCache {
     manager_ = Unwrap(BlockManager::Create(config, store_.get()));
     policy_ = PolicyConfigFromPython(policy);
     geometry_ = {num_layers, num_kv_heads, num_heads / num_kv_heads, {head_dim, rope_theta}};
-    Check(ValidatePolicyConfig(policy_));
+    Check(ValidatePolicyGeometry(policy_, geometry_));  // not at the first sequence
     rope_ = std::make_unique<Rope>(Unwrap(Rope::Create(geometry_.rope)));
     if (scorer == "paged") scorer_ = std::make_unique<PagedTwinScorer>(store_.get());
   }

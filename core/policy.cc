@@ -300,9 +300,7 @@ std::optional<int64_t> BlockDemandHorizon(const PolicyConfig& config) {
   return budget + 2 * t->interval + 1;  // steps 0 .. budget + 2 * interval
 }
 
-absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,
-                                                            const PolicyGeometry& geometry,
-                                                            int32_t prompt_len) {
+absl::Status ValidatePolicyGeometry(const PolicyConfig& config, const PolicyGeometry& geometry) {
   BKV_RETURN_IF_ERROR(ValidatePolicyConfig(config));
   BKV_RETURN_IF_ERROR(geometry.rope.Validate());
   if (geometry.num_layers < 1 || geometry.num_kv_heads < 1 || geometry.group_size < 1) {
@@ -310,31 +308,37 @@ absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& 
         "policy geometry: num_layers=%d num_kv_heads=%d group_size=%d must all be >= 1",
         geometry.num_layers, geometry.num_kv_heads, geometry.group_size));
   }
-  if (prompt_len < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("prompt_len must be >= 0, got %d", prompt_len));
-  }
-  if (const auto* b = std::get_if<BeaconConfig>(&config);
-      b != nullptr && !b->layer_budget_offsets.empty() &&
+  const auto* b = std::get_if<BeaconConfig>(&config);
+  if (b == nullptr) return absl::OkStatus();
+  if (!b->layer_budget_offsets.empty() &&
       static_cast<int32_t>(b->layer_budget_offsets.size()) != geometry.num_layers) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "policy beacon: layer_budget_offsets has %d entries for a model of %d layers",
         b->layer_budget_offsets.size(), geometry.num_layers));
   }
-  if (const auto* b = std::get_if<BeaconConfig>(&config); b != nullptr) {
-    for (const int32_t l : b->blur_layers) {
-      if (l >= geometry.num_layers) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("policy beacon: blur_layers names layer %d of a model of %d layers", l,
-                            geometry.num_layers));
-      }
+  for (const int32_t l : b->blur_layers) {
+    if (l >= geometry.num_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("policy beacon: blur_layers names layer %d of a model of %d layers", l,
+                          geometry.num_layers));
     }
   }
-  if (std::holds_alternative<BeaconConfig>(config) && geometry.head_dim() > kMaxFpsDim) {
+  if (geometry.head_dim() > kMaxFpsDim) {
     return absl::InvalidArgumentError(
         absl::StrFormat("policy beacon: head_dim %d is above the %d its farthest-point sampling "
                         "takes",
                         geometry.head_dim(), kMaxFpsDim));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,
+                                                            const PolicyGeometry& geometry,
+                                                            int32_t prompt_len) {
+  BKV_RETURN_IF_ERROR(ValidatePolicyGeometry(config, geometry));
+  if (prompt_len < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("prompt_len must be >= 0, got %d", prompt_len));
   }
   using namespace internal;  // NOLINT: factory functions
   switch (config.index()) {

@@ -265,7 +265,13 @@ bool AddBlockDemand(const PolicyConfig& config, const KvShape& shape, const Head
 // later steps. nullopt without a BudgetTrigger.
 std::optional<int64_t> BlockDemandHorizon(const PolicyConfig& config);
 
-// Validates config and geometry (kInvalidArgument with the reason) and creates the state.
+// Validates config against a model's geometry (kInvalidArgument with the reason): the config
+// on its own (ValidatePolicyConfig), the geometry, and what needs both (one budget offset per
+// layer, blurred layers the model has, a head_dim the FPS takes). What NewPolicyState checks
+// before creating a state, for callers that know the model before any sequence.
+absl::Status ValidatePolicyGeometry(const PolicyConfig& config, const PolicyGeometry& geometry);
+
+// Validates config and geometry (ValidatePolicyGeometry) and prompt_len, and creates the state.
 absl::StatusOr<std::unique_ptr<PolicyState>> NewPolicyState(const PolicyConfig& config,
                                                             const PolicyGeometry& geometry,
                                                             int32_t prompt_len);

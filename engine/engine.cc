@@ -32,6 +32,16 @@ class ScopedTimer {
   double start_;
 };
 
+// What a policy knows of the model.
+PolicyGeometry PolicyGeometryOf(const ModelRunner& runner) {
+  PolicyGeometry geo;
+  geo.num_layers = runner.config().num_layers;
+  geo.num_kv_heads = runner.config().num_kv_heads;
+  geo.group_size = runner.group_size();
+  geo.rope = runner.rope().config();
+  return geo;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::FromModelDir(const std::string& model_dir,
@@ -63,6 +73,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(ModelWeights weights,
       ModelRunner runner,
       ModelRunner::Create(std::move(weights), config.num_threads, config.batch_invariant));
   const ModelConfig& mc = runner.config();
+  // The default policy against the model now, not at the first request.
+  BKV_RETURN_IF_ERROR(ValidatePolicyGeometry(config.policy, PolicyGeometryOf(runner)));
   BlockManagerConfig bc;
   bc.shape = {mc.num_layers, mc.num_kv_heads, mc.head_dim, config.block_size};
   bc.num_blocks = config.num_blocks;
@@ -126,13 +138,9 @@ absl::Status Engine::AddRequestLocked(Request request, const PolicyConfig& polic
         request.id, prompt_len, PromptBlocks(prompt_len), config_.watermark_blocks,
         bm_->NumUsableBlocks()));
   }
-  PolicyGeometry geo;
-  geo.num_layers = mc.num_layers;
-  geo.num_kv_heads = mc.num_kv_heads;
-  geo.group_size = runner_.group_size();
-  geo.rope = runner_.rope().config();
-  BKV_ASSIGN_OR_RETURN(std::unique_ptr<PolicyState> policy,
-                       NewPolicyState(policy_config, geo, static_cast<int32_t>(prompt_len)));
+  BKV_ASSIGN_OR_RETURN(
+      std::unique_ptr<PolicyState> policy,
+      NewPolicyState(policy_config, PolicyGeometryOf(runner_), static_cast<int32_t>(prompt_len)));
   auto s = std::make_unique<SeqState>(SeqState{.request = request,
                                                .sampler = Sampler(request.sampling),
                                                .policy_config = policy_config,

@@ -221,9 +221,12 @@ TEST(PolicyRegistryTest, BlurLayersAreDistinctLayersOfTheModel) {
   geo.num_kv_heads = 1;
   geo.group_size = 1;
   geo.rope.head_dim = 8;
+  EXPECT_TRUE(
+      Contains(ValidatePolicyGeometry(c, geo), "blur_layers names layer 3 of a model of 2 layers"));
   EXPECT_TRUE(Contains(NewPolicyState(c, geo, 4).status(),
                        "blur_layers names layer 3 of a model of 2 layers"));
   geo.num_layers = 4;
+  EXPECT_TRUE(ValidatePolicyGeometry(c, geo).ok());
   EXPECT_TRUE(NewPolicyState(c, geo, 4).ok());
 }
 

@@ -163,6 +163,20 @@ def test_bad_requests_are_value_errors(prompts):
         small.add_request(0, ids[0])
 
 
+def test_a_policy_the_model_cannot_take_is_refused_at_construction():
+    # Knobs that name the model's layers are checked against it when the engine is made,
+    # not at the first request.
+    for spec, message in (("beacon:blur_speed=0.02,blur_layers=4", "blur_layers names layer 4 "
+                           "of a model of 4 layers"),
+                          ("beacon:layer_budget_offsets=8/-8", "layer_budget_offsets has 2 "
+                           "entries for a model of 4 layers")):
+        with pytest.raises(ValueError, match=message):
+            beaconkv.Engine(MODEL, policy=beaconkv.make_policy_config(spec, 96))
+    eng = beaconkv.Engine(MODEL, policy=beaconkv.make_policy_config(
+        "beacon:blur_speed=0.02,blur_layers=3", 96))
+    assert eng.num_running == 0
+
+
 def test_bad_model_directory_names_the_file(tmp_path):
     with pytest.raises((ValueError, RuntimeError, OSError), match="config.json"):
         beaconkv.Engine(str(tmp_path))
