@@ -69,7 +69,7 @@ def holds(acc: float, off: float, tolerance: float) -> bool:
 def choose(order: list[str], guard: dict[str, float], off: float,
            tolerance: float) -> str | None:
     """The first of `order` whose guard-budget accuracy holds; None when none does. `guard`
-    need only hold the settings up to the first that holds (the tool stops there)."""
+    is looked up in `order`, and no further than the first that holds."""
     for label in order:
         if holds(guard[label], off, tolerance):
             return label
@@ -148,17 +148,22 @@ def main(argv: list[str] | None = None) -> int:
         choice = order[0] if order else None
     elif order:
         guard_off = mean_accuracy(a.guard_budget, knobs)[0]
-        report["guard"] = {"off": guard_off, "settings": {}}
         print(f"budget {a.guard_budget}, no blurred rows: {guard_off:.4f}", flush=True)
-        for label in order:
-            acc = mean_accuracy(a.guard_budget, knobs_of(label, knobs, a.blur_speed))[0]
-            report["guard"]["settings"][label] = acc
-            ok = holds(acc, guard_off, a.tolerance)
-            print(f"  {label}: {acc:.4f} ({'kept' if ok else 'loses'})", flush=True)
-            if ok:
-                break
-        choice = choose(order[:len(report["guard"]["settings"])], report["guard"]["settings"],
-                        guard_off, a.tolerance)
+
+        class Evaluated(dict):
+            """Guard-budget accuracies, each run on its first look-up: `choose` stops at the
+            first setting that holds, so later ones are never run."""
+
+            def __missing__(self, label: str) -> float:
+                acc = mean_accuracy(a.guard_budget, knobs_of(label, knobs, a.blur_speed))[0]
+                ok = holds(acc, guard_off, a.tolerance)
+                print(f"  {label}: {acc:.4f} ({'kept' if ok else 'loses'})", flush=True)
+                self[label] = acc
+                return acc
+
+        guard = Evaluated()
+        choice = choose(order, guard, guard_off, a.tolerance)
+        report["guard"] = {"off": guard_off, "settings": dict(guard)}
     report["choice"] = choice
     if choice is None:
         print("choice: no blurred rows (no setting beats them within the rule)")
