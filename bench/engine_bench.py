@@ -67,7 +67,7 @@ def main() -> int:
     ap.add_argument("--policies", nargs="+", default=["full", "beacon"],
                     help="policy specs NAME[-pooled][:KNOB=VALUE,...] (default: full beacon)")
     a = ap.parse_args()
-    configs = {p: beaconkv.make_policy_config(p, a.budget) for p in a.policies}
+    configs = {p: beaconkv.make_policy_config(p, a.budget, model=a.model) for p in a.policies}
     width = max(7, *(len(p) for p in a.policies))
     tok = CharTokenizer.load(a.model)
     problems = read_split(os.path.join(a.model, "data", "dev.jsonl"))

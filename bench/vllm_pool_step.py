@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     attn_threads = args.attention_threads or args.threads
     observe = args.policy != "full"
     cfg = (beaconkv.make_policy_config(args.policy, args.budget, interval=args.interval,
-                                       knobs=args.knob)
+                                       knobs=args.knob, model=args.model)
            if observe else "full")
     blocks_per_seq = layers * kv_heads * (-(-(args.prompt + args.steps) // args.block_tokens) + 1)
     cache = beaconkv.VllmKvCache(layers, kv_heads, heads, head_dim, args.block_tokens,

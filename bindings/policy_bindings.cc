@@ -19,6 +19,7 @@
 #include "bindings/status_cast.h"
 #include "core/policy.h"
 #include "core/rope.h"
+#include "engine/model_policy.h"
 
 namespace py = pybind11;
 
@@ -360,20 +361,46 @@ void BindPolicies(py::module_& m) {
       py::arg("name"), "The registry entry of one policy; unknown names raise ValueError.");
   m.def(
       "make_policy_config",
-      [](const std::string& spec, py::object budget, py::object interval, py::object knobs) {
+      [](const std::string& spec, py::object budget, py::object interval, py::object knobs,
+         std::optional<std::string> model) {
+        const PolicyRequest request{spec, OptionalInt("budget", budget),
+                                    OptionalInt("interval", interval), KnobsFromPython(knobs)};
         return FromConfig(
-            Unwrap(BuildPolicyConfig({spec, OptionalInt("budget", budget),
-                                      OptionalInt("interval", interval), KnobsFromPython(knobs)})));
+            Unwrap(model ? BuildModelPolicyConfig(request, *model) : BuildPolicyConfig(request)));
       },
       py::arg("spec"), py::arg("budget") = py::none(), py::kw_only(),
       py::arg("interval") = py::none(), py::arg("knobs") = py::none(),
+      py::arg("model") = py::none(),
       R"doc(The validated config of a policy as every entry point names it.
 
-spec: NAME[-pooled][:KNOB=VALUE,...] ('-pooled' is budget_mode=pooled).
+spec: NAME[-pooled][:KNOB=VALUE,...] ('-pooled' is budget_mode=pooled); the name 'model'
+stands for the policy `model` recommends (model_policy_spec), the knobs given on top of its.
 budget: KV tokens per head for every budgeted policy (rpc: period = ratio x budget unless a
 knob sets the period); full ignores it. interval: sets `interval` where the policy has one.
 knobs: a {name: value} dict or a list of "NAME=VALUE" strings, applied before the spec's own.
-An unknown policy or knob, a bad value, or budgets that disagree raise ValueError.)doc");
+model: the model directory, read only when the spec names 'model'.
+An unknown policy or knob, a bad value, budgets that disagree, or 'model' without a model
+policy raise ValueError.)doc");
+  m.attr("MODEL_POLICY") = std::string(kModelPolicyName);
+  m.def(
+      "names_model_policy",
+      [](const std::string& spec) {
+        return Unwrap(ParsePolicySpecText(spec)).name == kModelPolicyName;
+      },
+      py::arg("spec"),
+      "Whether a policy spec names 'model' (MODEL_POLICY: the policy a model directory "
+      "recommends), so that building it needs the model directory.");
+  m.def(
+      "model_policy_spec",
+      [](const std::string& model_dir) -> std::optional<std::string> {
+        std::string spec = Unwrap(ModelPolicySpec(model_dir));
+        if (spec.empty()) return std::nullopt;
+        return spec;
+      },
+      py::arg("model_dir"),
+      "The policy spec a model directory recommends (config.json's 'beaconkv_policy', "
+      "checked against the registry), or None when it names none; the policy name 'model' "
+      "stands for it. A malformed field raises ValueError naming the file.");
   m.def(
       "policy_budget", [](py::handle policy) { return PolicyBudget(ToConfig(policy)); },
       py::arg("policy"),

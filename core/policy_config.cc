@@ -528,8 +528,48 @@ absl::StatusOr<PolicySpecText> ParsePolicySpecText(std::string_view text) {
   return out;
 }
 
-absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request) {
+namespace {
+
+absl::Status ModelSpecError(std::string_view model_spec, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrFormat("the model's policy '%s' (policy '%s'): %s",
+                                                    model_spec, kModelPolicyName, why));
+}
+
+// `model_spec` parsed, for a request whose spec names "model": a registry policy and its
+// knobs, without a budget (the user's to choose).
+absl::StatusOr<PolicySpecText> ModelSpecText(std::string_view model_spec) {
+  if (model_spec.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "policy '%s' stands for the policy a model recommends (its config.json's "
+        "\"beaconkv_policy\"), and no model policy was given; name a policy instead",
+        kModelPolicyName));
+  }
+  auto fail = [&](absl::string_view why) { return ModelSpecError(model_spec, why); };
+  absl::StatusOr<PolicySpecText> text = ParsePolicySpecText(model_spec);
+  if (!text.ok()) return fail(text.status().message());
+  if (text->name == kModelPolicyName) return fail("it must name a policy of the registry");
+  if (absl::Status found = FindEntry(text->name).status(); !found.ok()) {
+    return fail(found.message());
+  }
+  absl::flat_hash_set<std::string> seen;
+  for (const auto& [knob, value] : text->knobs) {
+    if (knob == "budget") return fail("it names a budget; the budget is the user's to choose");
+    if (!seen.insert(knob).second) return fail(absl::StrFormat("knob '%s' is given twice", knob));
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request,
+                                               std::string_view model_spec) {
   BKV_ASSIGN_OR_RETURN(PolicySpecText text, ParsePolicySpecText(request.spec));
+  std::vector<std::pair<std::string, KnobValue>> model_knobs;
+  if (text.name == kModelPolicyName) {
+    BKV_ASSIGN_OR_RETURN(PolicySpecText model, ModelSpecText(model_spec));
+    text.name = std::move(model.name);
+    model_knobs = std::move(model.knobs);
+  }
   BKV_ASSIGN_OR_RETURN(const PolicyEntry* entry, FindEntry(text.name));
   const std::string& name = entry->spec.name;
   PolicyConfig config = entry->defaults;
@@ -543,10 +583,15 @@ absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request) {
     return absl::OkStatus();
   };
   if (request.budget) BKV_RETURN_IF_ERROR(take_budget(KnobValue(*request.budget)));
+  bool period_set = false;
+  for (const auto& [knob, value] : model_knobs) {  // distinct, budget-free: ModelSpecText
+    absl::Status set = SetKnob(config, knob, value);
+    if (!set.ok()) return ModelSpecError(model_spec, set.message());
+    period_set = period_set || knob == "period";
+  }
   if (request.interval && entry->spec.FindKnob("interval") != nullptr) {
     BKV_RETURN_IF_ERROR(SetKnob(config, "interval", KnobValue(*request.interval)));
   }
-  bool period_set = false;
   auto apply = [&](const std::vector<std::pair<std::string, KnobValue>>& knobs) -> absl::Status {
     absl::flat_hash_set<std::string> seen;
     for (const auto& [knob, value] : knobs) {

@@ -266,6 +266,11 @@ struct PolicySpecText {
 };
 absl::StatusOr<PolicySpecText> ParsePolicySpecText(std::string_view text);
 
+// The name that stands for the policy a model recommends: "model[:KNOB=VALUE,...]" runs the
+// spec the model ships (its config.json "beaconkv_policy", engine/model_policy.h) with the
+// knobs given on top. It is not a policy of the registry.
+inline constexpr std::string_view kModelPolicyName = "model";
+
 // Everything an entry point knows about the policy to run.
 struct PolicyRequest {
   std::string spec;               // NAME[-pooled][:KNOB=VALUE,...] (ParsePolicySpecText)
@@ -276,11 +281,16 @@ struct PolicyRequest {
   std::vector<std::pair<std::string, KnobValue>> knobs;  // applied before the spec's own
 };
 
-// Defaults, then `interval`, then `knobs`, then the spec's knobs (a knob given twice in one
-// list is an error; the spec's own win over `knobs`), then the budget. A `budget` knob
-// anywhere is the budget: every budget given must agree. rpc's period follows the budget
-// unless a knob sets it. The result is validated.
-absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request);
+// `model_spec`: what the name "model" stands for, the spec the model recommends (a policy
+// name and knobs, no budget; engine/model_policy.h reads it); empty when the model names none.
+// Read only when `request.spec` names "model".
+// Defaults, then the model's knobs (when `spec` names "model"), then `interval`, then
+// `knobs`, then the spec's knobs (a knob given twice in one list is an error; the spec's own
+// win over `knobs`), then the budget. A `budget` knob anywhere but in the model's spec is the
+// budget: every budget given must agree. rpc's period follows the budget unless a knob sets
+// it. The result is validated.
+absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request,
+                                               std::string_view model_spec = {});
 
 // The budget a configuration keeps per head: its `budget` knob, for rpc period / ratio (the
 // generated tokens one compression round keeps), none for full.

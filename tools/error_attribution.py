@@ -72,7 +72,7 @@ def run(model_dir: str, split: str, policy: str, budget: int | None, interval: i
     if problems is None:
         problems = load_problems(model_dir, split, num)
     tok = CharTokenizer.load(model_dir)
-    cfg = policy_configs([policy], budget, interval, knobs)[policy]
+    cfg = policy_configs([policy], budget, interval, knobs, model_dir)[policy]
     outs, _, _ = _forced_run(model_dir, problems, tok, cfg, 16, 16, 0, "recompute", None,
                              policy)
     model = Model(model_dir)

@@ -104,7 +104,7 @@ def run(model_dir: str, split: str, num: int | None, budget: int, interval: int,
     c = model.config
     group = c.num_attention_heads // c.num_key_value_heads
     # The core's config, with the knobs applied, gives both rows their schedule and protection.
-    cfg = policy_configs(["beacon"], budget, interval, knobs)["beacon"]
+    cfg = policy_configs(["beacon"], budget, interval, knobs, model_dir)["beacon"]
     if cfg.protect_prompt or cfg.budget_mode != "uniform":
         raise ValueError("future oracle: only uniform budgets with n_sinks protection "
                          "(protect_prompt=0, budget_mode=uniform)")

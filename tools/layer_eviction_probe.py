@@ -111,7 +111,7 @@ def run(model_dir: str, split: str, num: int | None, policy: str, budget: int | 
     model = Model(model_dir)
     tok = model.tokenizer
     n_layers = model.config.num_hidden_layers
-    cfg = policy_configs([policy], budget, interval, knobs)[policy]
+    cfg = policy_configs([policy], budget, interval, knobs, model_dir)[policy]
     counted = beaconkv.count_bias_layers(cfg)  # layers whose attention the engine biases
     engine = replay_engine(model_dir)
     if oracle_layer is not None and not 0 <= oracle_layer < n_layers:

@@ -77,7 +77,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.replay:
         from .replay import policy_configs
 
-        policy_configs(policies, args.budget, args.interval, knobs)  # a bad knob fails first
+        # A bad knob fails first.
+        policy_configs(policies, args.budget, args.interval, knobs, args.model)
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         if args.max_target_tokens is not None:

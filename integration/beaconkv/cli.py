@@ -26,7 +26,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     tok = CharTokenizer.load(args.model)
     prompt = args.prompt.replace("\\n", "\n")
-    policy = beaconkv.make_policy_config(args.policy, args.budget, knobs=args.knob)
+    policy = beaconkv.make_policy_config(args.policy, args.budget, knobs=args.knob,
+                                         model=args.model)
     engine = beaconkv.Engine(args.model, policy=policy, allow_nonfinite=args.allow_nonfinite)
     engine.add_request(0, [tok.bos_id] + tok.encode(prompt), max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_p=args.top_p, seed=args.seed)
@@ -40,6 +41,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    import beaconkv
+
     from .evaluate import evaluate, evaluate_teacher_forced
 
     kw = dict(num=args.num, max_batch=args.max_batch, block_size=args.block_size,
@@ -56,6 +59,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             f"accuracy={r['accuracy']:.3f} mean_generated={r['mean_generated_tokens']:.0f} "
             f"peak_kv/seq={r['peak_kv_tokens_per_seq']:.0f} "
             f"compression={r['compression_ratio']:.2f}x tokens/s={r['tokens_per_second']:.0f}")
+    if beaconkv.names_model_policy(args.policy):
+        line += f" model_policy={beaconkv.model_policy_spec(args.model)}"
     if args.teacher_forced:
         line += (f" token_agreement={r['token_agreement']:.4f} "
                  f"retrieval_accuracy={r['retrieval_accuracy']:.4f} mean_kl={r['mean_kl']:.5f}")

@@ -98,9 +98,13 @@ def run_demo(model_dir: str, num: int = 24, budget: int | None = None,
              out: TextIO | None = None) -> list[dict]:
     """The main job: full cache vs BeaconKV vs SnapKV on a slice of the dev split.
 
+    BeaconKV runs with the registry's defaults and, when the model recommends a setting of its
+    own (config.json's beaconkv_policy), as that setting too (the row named "model").
     Prints accuracy, mean generated length, peak KV per sequence, compression ratio and
     tokens/s for each, and returns the rows."""
     import sys
+
+    import beaconkv
 
     from .evaluate import evaluate
 
@@ -109,9 +113,11 @@ def run_demo(model_dir: str, num: int = 24, budget: int | None = None,
     say = (lambda msg="": print(msg, file=out)) if out is not None else (lambda msg="": None)
     say(f"BeaconKV demo: {num} dev problems of the tiny reasoner ({model_dir}), greedy, "
         f"budget {budget} tokens per head, compression every {DEMO_INTERVAL} tokens")
-    runs = [("full", None, {}),
-            ("beacon", budget, {"interval": DEMO_INTERVAL}),
-            ("snapkv", budget, {"interval": DEMO_INTERVAL})]
+    model_spec = beaconkv.model_policy_spec(model_dir)
+    runs = [("full", None, {}), ("beacon", budget, {"interval": DEMO_INTERVAL})]
+    if model_spec is not None:
+        runs.append((beaconkv.MODEL_POLICY, budget, {"interval": DEMO_INTERVAL}))
+    runs.append(("snapkv", budget, {"interval": DEMO_INTERVAL}))
     rows = []
     for name, b, knobs in runs:
         r = evaluate(model_dir, "dev", name, b, num=num, max_batch=num,
@@ -126,4 +132,7 @@ def run_demo(model_dir: str, num: int = 24, budget: int | None = None,
             f"{r['compression_ratio']:>11.2f}x {r['tokens_per_second']:>9.0f}")
     say("peak KV/seq: the most tokens a sequence held per (layer, kv_head), averaged over "
         "sequences; compression: full-cache tokens / peak KV.")
+    if model_spec is not None:
+        say(f"{beaconkv.MODEL_POLICY}: the setting this model ships (config.json "
+            f"beaconkv_policy): {model_spec}")
     return rows

@@ -101,7 +101,8 @@ def evaluate(model_dir: str, split: str, policy: str, budget: int | None = None,
 
     problems = load_problems(model_dir, split, num)
     tok = CharTokenizer.load(model_dir)
-    cfg = beaconkv.make_policy_config(policy, budget, interval=interval, knobs=policy_knobs)
+    cfg = beaconkv.make_policy_config(policy, budget, interval=interval, knobs=policy_knobs,
+                                      model=model_dir)
     engine = beaconkv.Engine(model_dir, policy=cfg, block_size=block_size,
                              num_blocks=num_blocks, max_batch=max_batch, preemption=preemption,
                              scorer=scorer)
@@ -200,7 +201,8 @@ def evaluate_teacher_forced(model_dir: str, split: str, policy: str, budget: int
     problems = load_problems(model_dir, split, num)
     tok = CharTokenizer.load(model_dir)
     # A bad knob fails before the full-cache run.
-    cfg = beaconkv.make_policy_config(policy, budget, interval=interval, knobs=policy_knobs)
+    cfg = beaconkv.make_policy_config(policy, budget, interval=interval, knobs=policy_knobs,
+                                      model=model_dir)
     common = (max_batch, block_size, num_blocks, preemption, progress)
     key = (os.path.abspath(model_dir), split, len(problems), max_batch, block_size)
     if full_cache is not None and key in full_cache:

@@ -36,13 +36,15 @@ NEVER = np.iinfo(np.int64).max
 
 
 def policy_configs(policies: list[str], budget: int | None = None, interval: int | None = None,
-                   knobs: dict | list | None = None) -> dict:
+                   knobs: dict | list | None = None, model_dir: str | None = None) -> dict:
     """{spec: config} for a grid of policy specs (``NAME[-pooled][:KNOB=VALUE,...]``) sharing
     a budget, an interval and knobs, built by the core's registry exactly as ``beaconkv eval``
-    builds one: an unknown policy or knob raises ValueError."""
+    builds one (``model`` names `model_dir`'s policy): an unknown policy or knob raises
+    ValueError."""
     import beaconkv
 
-    return {p: beaconkv.make_policy_config(p, budget, interval=interval, knobs=knobs)
+    return {p: beaconkv.make_policy_config(p, budget, interval=interval, knobs=knobs,
+                                           model=model_dir)
             for p in policies}
 
 
@@ -228,7 +230,7 @@ def replay_split(model_dir: str, split: str, policies: list[str], budget: int | 
             for r in task.read_split(resolve_split(model_dir, split))[:num]]
     if not recs:
         raise ValueError(f"split {split!r}: no problems to replay")
-    configs = policy_configs(policies, budget, interval, knobs)
+    configs = policy_configs(policies, budget, interval, knobs, model_dir)
     traces = (record_trace(model, r) for r in recs)  # one at a time in memory
     results = replay_traces(traces, configs, k_max, threshold_frac)
     return {

@@ -107,7 +107,8 @@ def run_throughput(cfg: ThroughputConfig, progress: TextIO | None = None) -> dic
 
     cfg.validate()
     tok = CharTokenizer.load(cfg.model)
-    policy = beaconkv.make_policy_config(cfg.policy, cfg.budget, knobs=cfg.knobs)
+    policy = beaconkv.make_policy_config(cfg.policy, cfg.budget, knobs=cfg.knobs,
+                                         model=cfg.model)
     requests = make_requests(cfg, tok)
     engine = beaconkv.Engine(cfg.model, policy=policy, block_size=cfg.block_size,
                              num_blocks=cfg.kv_blocks, max_batch=cfg.max_batch,

@@ -58,7 +58,8 @@ def policy_help() -> str:
     budgeted = [s.name for s in beaconkv.policy_specs() if s.budgeted]
     return (f"policy spec NAME[-pooled][:KNOB=VALUE,...]; NAME one of "
             f"{', '.join(beaconkv.policy_names())} (budgeted: {', '.join(budgeted)}; "
-            f"knobs: beaconkv.policy_spec(NAME).knobs)")
+            f"knobs: beaconkv.policy_spec(NAME).knobs), or {beaconkv.MODEL_POLICY!r}: the "
+            f"policy the model recommends (its config.json's beaconkv_policy), knobs on top")
 
 
 def split_help(model_dir: str) -> str:

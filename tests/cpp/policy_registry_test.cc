@@ -147,6 +147,74 @@ TEST(PolicyRegistryTest, BuildRefusesWhatItCannotUse) {
   EXPECT_TRUE(Contains(BuildError({"beacon", 8, {}, {}}), "protected tokens"));  // validated
 }
 
+// "model" stands for the spec a model recommends: its knobs come after the defaults and
+// before everything the user gives (interval, knobs, the spec's own), and the budget stays
+// the user's.
+TEST(PolicyRegistryTest, ModelStandsForTheModelsSpecUnderTheUsersKnobs) {
+  constexpr char kModel[] = "beacon-pooled:n_recent=32,interval=64,n_beacons=128,blur_speed=0.02";
+  absl::StatusOr<PolicyConfig> c = BuildPolicyConfig({"model", 96, {}, {}}, kModel);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const BeaconConfig& b = std::get<BeaconConfig>(*c);
+  EXPECT_EQ(b.budget, 96);
+  EXPECT_EQ(b.budget_mode, BudgetMode::kPooled);
+  EXPECT_EQ(b.n_recent, 32);
+  EXPECT_EQ(b.interval, 64);
+  EXPECT_EQ(b.n_beacons, 128);
+  EXPECT_FLOAT_EQ(b.blur_speed, 0.02f);
+  // The same configuration as the spec named directly.
+  absl::StatusOr<PolicyConfig> direct = BuildPolicyConfig({kModel, 96, {}, {}});
+  ASSERT_TRUE(direct.ok());
+  for (const KnobSpec& knob : SpecOf(*direct).knobs) {
+    EXPECT_EQ(KnobValueText(*GetKnob(*c, knob.name)), KnobValueText(*GetKnob(*direct, knob.name)))
+        << knob.name;
+  }
+
+  // interval, then the request's knobs, then the spec's own override the model's.
+  c = BuildPolicyConfig({"model:n_beacons=64", 112, 16, {{"n_recent", int64_t{24}}}}, kModel);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const BeaconConfig& o = std::get<BeaconConfig>(*c);
+  EXPECT_EQ(o.budget, 112);
+  EXPECT_EQ(o.interval, 16);
+  EXPECT_EQ(o.n_recent, 24);
+  EXPECT_EQ(o.n_beacons, 64);
+  EXPECT_EQ(o.budget_mode, BudgetMode::kPooled);
+  EXPECT_FLOAT_EQ(o.blur_speed, 0.02f);
+  // "-pooled" applies on top of a uniform model policy; a spec that does not name "model"
+  // ignores the model's.
+  c = BuildPolicyConfig({"model-pooled", 96, {}, {}}, "beacon:n_recent=32");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(std::get<BeaconConfig>(*c).budget_mode, BudgetMode::kPooled);
+  c = BuildPolicyConfig({"tova", 96, {}, {}}, "beacon:n_recent=32");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(std::holds_alternative<TovaConfig>(*c));
+  // rpc's period follows the budget unless the model sets it.
+  c = BuildPolicyConfig({"model", 64, {}, {}}, "rpc:period=512");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(std::get<RpcConfig>(*c).period, 512);
+}
+
+TEST(PolicyRegistryTest, ModelRefusesAMissingOrMalformedModelSpec) {
+  auto error = [](const PolicyRequest& request, std::string_view model_spec) {
+    return BuildPolicyConfig(request, model_spec).status();
+  };
+  EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, ""), "no model policy was given"));
+  EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "model:n_recent=8"),
+                       "the model's policy 'model:n_recent=8' (policy 'model'): it must name a "
+                       "policy of the registry"));
+  EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "lru"), "unknown policy \"lru\""));
+  EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "beacon:budget=64"), "names a budget"));
+  EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "beacon:n_recent=8,n_recent=9"), "twice"));
+  EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "beacon:"), "expected KNOB=VALUE"));
+  const absl::Status knob = error({"model", 96, {}, {}}, "beacon:n_becons=8");
+  EXPECT_TRUE(Contains(knob, "the model's policy 'beacon:n_becons=8'")) << knob;
+  EXPECT_TRUE(Contains(knob, "no knob 'n_becons'")) << knob;
+  // A model knob the user's knobs would override is still checked: the model's file is wrong.
+  EXPECT_TRUE(
+      Contains(error({"model:n_recent=8", 96, {}, {}}, "beacon:n_recent=-1"), "'n_recent'"));
+  // The combination is validated as a whole.
+  EXPECT_TRUE(Contains(error({"model", 8, {}, {}}, "beacon"), "protected tokens"));
+}
+
 // layer_budget_offsets: integers joined by '/', summing to 0, one per layer of the model, no
 // layer below its protected tokens.
 TEST(PolicyRegistryTest, LayerBudgetOffsetsAreAListThatSumsToZero) {

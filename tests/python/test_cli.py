@@ -260,3 +260,37 @@ def test_eval_with_the_paged_scorer_agrees_with_the_host_scorer(tmp_path):
     r = cli("eval", "--model", MODEL, "--split", "dev", "--num", "1", "--teacher-forced",
             "--scorer", "paged")
     assert r.returncode != 0 and "host scorer only" in r.stderr
+
+
+def test_eval_runs_the_models_own_policy_and_names_it(tmp_path):
+    """--policy model: the setting the model ships (config.json's beaconkv_policy), with the
+    knobs given on top; the line names the setting and the JSON has every knob that ran."""
+    import beaconkv
+
+    spec = beaconkv.model_policy_spec(MODEL)
+    out = tmp_path / "r.json"
+    r = cli("eval", "--model", MODEL, "--split", "dev", "--num", "2", "--policy", "model",
+            "--budget", "96", "--knob", "interval=16", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"model_policy={spec}" in r.stdout
+    data = json.loads(out.read_text())
+    assert data["policy"] == "model" and data["budget"] == 96
+    expected = beaconkv.make_policy_config(spec, 96, knobs=["interval=16"])
+    assert data["policy_config"]["budget_mode"] == expected.budget_mode == "pooled"
+    assert data["policy_config"]["blur_layers"] == expected.blur_layers
+    assert data["policy_config"]["interval"] == 16
+
+
+def test_demo_shows_the_models_own_setting_beside_the_defaults():
+    import io
+
+    import beaconkv
+    from beaconkv.demo import run_demo
+
+    out = io.StringIO()
+    rows = run_demo(MODEL, num=2, out=out)
+    assert [r["policy"] for r in rows] == ["full", "beacon", beaconkv.MODEL_POLICY, "snapkv"]
+    model_row = rows[2]
+    assert model_row["policy_config"]["budget_mode"] == "pooled"
+    assert model_row["budget"] == rows[1]["budget"] == 128
+    assert beaconkv.model_policy_spec(MODEL) in out.getvalue()

@@ -164,8 +164,9 @@ def run_error_attribution(spec, budget, knobs, capsys, tmp_path, monkeypatch):
 def run_vllm_config(spec, budget, knobs, capsys, tmp_path, monkeypatch):
     from beaconkv.vllm import config
 
-    raise Reached(config.parse(json.dumps({"policy": spec, "budget": budget,
-                                           "knobs": knobs})).policy_config())
+    # The scheduler fills in the served model's directory; here it is given.
+    raise Reached(config.parse(json.dumps({"policy": spec, "budget": budget, "knobs": knobs,
+                                           "model": MODEL})).policy_config())
 
 
 ENTRY_POINTS = [run_eval, run_eval_teacher_forced, run_generate, run_bench_throughput,
@@ -178,6 +179,7 @@ COMMAND_LINES = [
     ("h2o", 24, ["recent_fraction=0.25"]),
     ("streaming", 40, ["budget=40"]),
     ("beacon", 96, ["interval=32", "redundancy=1", "redundancy_threshold=0.4"]),
+    ("model:n_recent=32", 112, ["interval=16", "blur_layers=2"]),
 ]
 
 
@@ -192,7 +194,7 @@ def config_of(runner, line, capsys, tmp_path, monkeypatch):
 def test_every_entry_point_builds_the_same_config(runner, line, stop_at_engine, capsys,
                                                   tmp_path, monkeypatch):
     spec, budget, knobs = line
-    expected = beaconkv.make_policy_config(spec, budget, knobs=knobs)
+    expected = beaconkv.make_policy_config(spec, budget, knobs=knobs, model=MODEL)
     got = config_of(runner, line, capsys, tmp_path, monkeypatch)
     assert got == expected
     if spec == "rpc":  # the budget reaches rpc everywhere, through its period
@@ -207,3 +209,83 @@ def test_an_unknown_knob_is_an_error_everywhere(runner, spec, knob, stop_at_engi
     name = knob.split("=")[0]
     with pytest.raises(ValueError, match=f"policy {spec} has no knob '{name}'"):
         runner(spec, 64, [knob], capsys, tmp_path, monkeypatch)
+
+
+# --- the policy a model recommends ("model") -------------------------------------------------
+
+def model_dir_with(tmp_path, **fields):
+    """A copy of the shipped model's config.json with `fields` set (None: removed)."""
+    cfg = json.loads(open(os.path.join(MODEL, "config.json")).read())
+    for k, v in fields.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def test_model_names_the_shipped_models_setting_with_the_users_knobs_on_top():
+    spec = json.loads(open(os.path.join(MODEL, "config.json")).read())["beaconkv_policy"]
+    assert beaconkv.model_policy_spec(MODEL) == spec
+    assert beaconkv.make_policy_config("model", 96, model=MODEL) == \
+        beaconkv.make_policy_config(spec, 96)
+    for name in ("model", "model-pooled", "model:interval=16"):
+        assert beaconkv.names_model_policy(name)
+    for name in ("beacon", "beacon-pooled:blur_layers=3", "models"):
+        assert not beaconkv.names_model_policy(name)
+    # Knobs given on top win; the model's others stay.
+    cfg = beaconkv.make_policy_config("model:blur_layers=2", 96, knobs=["interval=16"],
+                                      model=MODEL)
+    assert (cfg.blur_layers, cfg.interval) == ("2", 16)
+    assert cfg.budget_mode == "pooled" and cfg.layer_budget_offsets == "0/-16/16/0"
+    # Other policies ignore the model's setting.
+    assert beaconkv.make_policy_config("beacon", 96, model=MODEL) == \
+        beaconkv.make_policy_config("beacon", 96)
+
+
+def test_model_without_a_model_policy_says_so(tmp_path):
+    with pytest.raises(ValueError, match="no model policy was given"):
+        beaconkv.make_policy_config("model", 96)
+    none = model_dir_with(tmp_path, beaconkv_policy=None)
+    assert beaconkv.model_policy_spec(none) is None
+    with pytest.raises(ValueError, match="config.json names no policy of the model"):
+        beaconkv.make_policy_config("model", 96, model=none)
+    assert beaconkv.make_policy_config("beacon", 96, model=none).budget == 96
+
+
+@pytest.mark.parametrize("value,says", [
+    (7, "must be a policy spec string"),
+    ("beacon:n_becons=3", "no knob 'n_becons'"),
+    ("beacon:budget=64", "names a budget"),
+    ("model", "must name a policy of the registry"),
+])
+def test_a_malformed_model_policy_names_the_file(tmp_path, value, says):
+    d = model_dir_with(tmp_path, beaconkv_policy=value)
+    for call in (lambda: beaconkv.model_policy_spec(d),
+                 lambda: beaconkv.make_policy_config("model", 96, model=d)):
+        with pytest.raises(ValueError, match=says) as e:
+            call()
+        assert os.path.join(d, "config.json") in str(e.value)
+
+
+def test_vllm_config_resolves_model_against_the_served_model(tmp_path):
+    from beaconkv.vllm import config
+
+    # Without a directory the check waits for the scheduler (it knows the served model).
+    cfg = config.parse(json.dumps({"policy": "model", "budget": 96}))
+    assert cfg.model is None and cfg.names_model_policy()
+    with pytest.raises(ValueError, match="no model policy was given"):
+        cfg.policy_config()
+    cfg.model = MODEL  # what the scheduler does
+    assert cfg.policy_config() == beaconkv.make_policy_config("model", 96, model=MODEL)
+    # The worker process gets the directory with the rest of the config.
+    assert config.parse(cfg.to_json()).policy_config() == cfg.policy_config()
+    # A directory given in the config is checked at once.
+    with pytest.raises(ValueError, match="names no policy of the model"):
+        config.parse(json.dumps({"policy": "model", "budget": 96,
+                                 "model": model_dir_with(tmp_path, beaconkv_policy=None)}))
+    with pytest.raises(ValueError, match="'model' must be a model directory"):
+        config.parse(json.dumps({"policy": "beacon", "model": 3}))

@@ -143,12 +143,13 @@ def test_beacon_with_the_paged_scorer_matches_our_engine(tmp_path, engine_refs):
 
 def paged_beacon_with_knobs(tmp_path, tok, name: str, budget: int, knobs: dict,
                             policy: str = "beacon"):
-    """vLLM with `policy` (beacon or beacon-pooled) at `budget` and `knobs`, scored by the paged
-    scorer, on 8 dev problems, and the engine references for check_against_engine (the same
-    policy; the full cache)."""
+    """vLLM with `policy` (beacon, beacon-pooled or the model's own) at `budget` and `knobs`,
+    scored by the paged scorer, on 8 dev problems, and the engine references for
+    check_against_engine (the same policy; the full cache)."""
     prompts = dev_prompts(tok, 8)
     refs = (prompts,
-            engine_run(beaconkv.make_policy_config(policy, budget, knobs=knobs), prompts, 1200),
+            engine_run(beaconkv.make_policy_config(policy, budget, knobs=knobs, model=MODEL),
+                       prompts, 1200),
             engine_run("full", prompts, 1200))
     ours = run_vllm(tmp_path, name,
                     beaconkv={"policy": policy, "budget": budget, "knobs": knobs,
@@ -194,6 +195,17 @@ def test_beacon_with_layer_budgets_matches_our_engine(tmp_path, tok, policy):
                                          {"interval": 32, "layer_budget_offsets": "0/-16/16/0"},
                                          policy)
     check_against_engine(ours, refs, f"{policy}@96/32, layer_budget_offsets=0/-16/16/0, "
+                         "scorer=paged", later_bound=0.5)
+
+
+def test_the_models_own_policy_matches_our_engine(tmp_path, tok):
+    """policy "model": the scheduler reads the served model's recommended setting (its
+    config.json's beaconkv_policy: pooled budgets, layer offsets, blurred rows in one layer)
+    and runs it as our engine builds it from the same directory."""
+    assert beaconkv.model_policy_spec(MODEL) is not None
+    ours, refs = paged_beacon_with_knobs(tmp_path, tok, "model_policy", 96, {"interval": 32},
+                                         beaconkv.MODEL_POLICY)
+    check_against_engine(ours, refs, f"model ({beaconkv.model_policy_spec(MODEL)})@96/32, "
                          "scorer=paged", later_bound=0.5)
 
 

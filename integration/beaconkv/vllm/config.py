@@ -2,7 +2,9 @@
 
 ``BEACONKV_VLLM_CONFIG`` holds JSON such as
 ``{"policy": "beacon", "budget": 158, "knobs": ["interval=16"], "block_size": 8}``
-(``knobs`` may also be a ``{"name": value}`` map; ``"admission": "optimistic"`` turns off
+(``knobs`` may also be a ``{"name": value}`` map; the policy ``"model"`` runs the policy the
+served model's directory recommends, its config.json's ``beaconkv_policy``, with the knobs
+on top (``"model": DIR`` reads another directory); ``"admission": "optimistic"`` turns off
 the peak reservation, see docs/vllm.md; ``"scorer": "paged"`` chooses each step's keep-sets
 through the GPU pipeline's CPU twin, every planned head in one call, docs/gpu.md). The core's policy registry builds the
 policy object (``beaconkv.make_policy_config``), so unknown policies and knobs fail exactly as
@@ -16,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 
 ENV = "BEACONKV_VLLM_CONFIG"
-_KEYS = {"policy", "budget", "knobs", "block_size", "admission", "scorer"}
+_KEYS = {"policy", "budget", "knobs", "block_size", "admission", "scorer", "model"}
 ADMISSION = ("reserve", "optimistic")
 SCORERS = ("host", "paged")
 
@@ -37,17 +39,27 @@ class VllmConfig:
     # host: each sequence's policy scores its heads (on threads); paged: the policies plan and
     # one scorer call (the device pipeline's CPU twin) scores every planned head of the step.
     scorer: str = "host"
+    # The model directory whose recommended policy the name "model" stands for; the scheduler
+    # fills in the served model's when it is not given.
+    model: str | None = None
 
-    def policy_config(self):
-        """The native policy config; ValueError naming the bad policy or knob."""
+    def names_model_policy(self) -> bool:
         import beaconkv
 
-        return beaconkv.make_policy_config(self.policy, self.budget, knobs=self.knobs)
+        return beaconkv.names_model_policy(self.policy)
+
+    def policy_config(self):
+        """The native policy config; ValueError naming the bad policy or knob (or, for the
+        policy "model", a model directory that recommends none)."""
+        import beaconkv
+
+        return beaconkv.make_policy_config(self.policy, self.budget, knobs=self.knobs,
+                                           model=self.model)
 
     def to_json(self) -> str:
         return json.dumps({"policy": self.policy, "budget": self.budget, "knobs": self.knobs,
                            "block_size": self.block_size, "admission": self.admission,
-                           "scorer": self.scorer})
+                           "scorer": self.scorer, "model": self.model})
 
 
 def parse(text: str) -> VllmConfig:
@@ -70,10 +82,16 @@ def parse(text: str) -> VllmConfig:
     scorer = data.get("scorer", "host")
     if scorer not in SCORERS:
         raise ValueError(f"{ENV}: scorer must be one of {list(SCORERS)}, got {scorer!r}")
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"{ENV}: 'model' must be a model directory, got {model!r}")
     cfg = VllmConfig(policy=str(data.get("policy", "full")), budget=data.get("budget"),
                      knobs=knobs, block_size=int(data.get("block_size", VllmConfig.block_size)),
-                     admission=admission, scorer=scorer)
-    cfg.policy_config()  # fail now, at engine start, on an unknown policy or knob
+                     admission=admission, scorer=scorer, model=model)
+    # Fail now, at engine start, on an unknown policy or knob; "model" without a directory
+    # waits for the scheduler, which knows the served model.
+    if cfg.model is not None or not cfg.names_model_policy():
+        cfg.policy_config()
     return cfg
 
 

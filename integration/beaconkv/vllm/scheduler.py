@@ -141,6 +141,8 @@ class Scheduler(_VllmScheduler):
             return
         mc = vllm_config.model_config
         geometry = _config.check_geometry(mc.hf_config, mc.dtype)
+        if cfg.model is None:  # the policy "model" reads the served model's directory
+            cfg.model = mc.model
         if vllm_config.cache_config.enable_prefix_caching:
             raise ValueError("beaconkv.vllm does not support prefix caching: pass "
                              "--no-enable-prefix-caching (enable_prefix_caching=False)")

@@ -48,7 +48,7 @@ class BeaconState:
         self.rope_theta = rope_theta
         self.policy_cfg = cfg.policy_config()
         # A scheduler-side replica (multi-process) only counts: the worker's policies decide.
-        self.observes = cfg.policy != "full" if observe is None else observe
+        self.observes = self.policy_cfg.name != "full" if observe is None else observe
         self.prompt_len: dict[int, int] = {}  # worker side (multi-process): seq -> prompt
         self._rows: list[tuple[int, int, int]] = []  # (seq, new tokens, seq_len) of the step
         self.cache = beaconkv.VllmKvCache(self.num_layers, self.num_kv_heads, self.num_heads,
