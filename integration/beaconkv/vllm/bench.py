@@ -81,7 +81,9 @@ def build_parser():
     throughput.add_cli_args(parser)
     g = parser.add_argument_group("BeaconKV")
     g.add_argument("--policy", default="beacon",
-                   help="stock (vLLM's own KV cache) or a BeaconKV policy name")
+                   help="stock (vLLM's own KV cache) or a BeaconKV policy spec "
+                        "NAME[-pooled][:KNOB=VALUE,...]; 'model': the setting the model "
+                        "ships (its config.json's beaconkv_policy)")
     g.add_argument("--budget", type=int, default=None, help="tokens kept per head")
     g.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                    help="policy knob (repeatable), e.g. --knob interval=16")
@@ -118,9 +120,10 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         from . import config
 
+        # "model": the policy name "model" reads the served model's directory.
         cfg = {"policy": args.policy, "budget": args.budget, "knobs": args.knob or [],
                "block_size": args.block_tokens, "admission": args.admission,
-               "scorer": args.scorer}
+               "scorer": args.scorer, "model": args.model}
         config.parse(json.dumps(cfg))  # unknown policy / knob: error before vLLM starts
         os.environ[config.ENV] = json.dumps(cfg)
         from . import register
