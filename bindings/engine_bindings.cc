@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "bindings/status_cast.h"
 #include "engine/engine.h"
+#include "engine/model_policy.h"
 
 namespace py = pybind11;
 
@@ -91,7 +92,11 @@ void BindEngine(py::module_& m) {
                        bool allow_nonfinite, const std::string& admission,
                        const std::string& scorer) {
              EngineConfig c;
-             c.policy = PolicyConfigFromPython(policy);
+             // A spec string may name "model": this engine's model directory says what.
+             c.policy = py::isinstance<py::str>(policy)
+                            ? Unwrap(BuildModelPolicyConfig(
+                                  {policy.cast<std::string>(), {}, {}, {}}, model_dir))
+                            : PolicyConfigFromPython(policy);
              c.block_size = block_size;
              c.num_blocks = num_blocks;
              c.num_host_blocks = num_host_blocks;

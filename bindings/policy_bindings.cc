@@ -104,7 +104,14 @@ void ApplyKnobs(PolicyConfig& config, const py::dict& knobs) {
 
 PolicyConfig ToConfig(py::handle obj) {
   if (py::isinstance<py::str>(obj)) {
-    return Unwrap(BuildPolicyConfig({obj.cast<std::string>(), {}, {}, {}}));
+    const std::string spec = obj.cast<std::string>();
+    if (Unwrap(ParsePolicySpecText(spec)).name == kModelPolicyName) {
+      throw py::value_error(
+          absl::StrFormat("policy '%s' needs the model directory: build it with "
+                          "beaconkv.make_policy_config('%s', budget, model=DIR)",
+                          spec, spec));
+    }
+    return Unwrap(BuildPolicyConfig({spec, {}, {}, {}}));
   }
   if (py::isinstance<FullConfig>(obj)) return obj.cast<FullConfig>();
   if (py::isinstance<StreamingConfig>(obj)) return obj.cast<StreamingConfig>();

@@ -531,12 +531,12 @@ absl::StatusOr<PolicySpecText> ParsePolicySpecText(std::string_view text) {
 namespace {
 
 absl::Status ModelSpecError(std::string_view model_spec, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrFormat("the model's policy '%s' (policy '%s'): %s",
-                                                    model_spec, kModelPolicyName, why));
+  return absl::InvalidArgumentError(
+      absl::StrFormat("policy '%s' (the model's '%s'): %s", kModelPolicyName, model_spec, why));
 }
 
 // `model_spec` parsed, for a request whose spec names "model": a registry policy and its
-// knobs, without a budget (the user's to choose).
+// knobs, without a budget (the user's to choose; rpc's period is its budget).
 absl::StatusOr<PolicySpecText> ModelSpecText(std::string_view model_spec) {
   if (model_spec.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -553,23 +553,19 @@ absl::StatusOr<PolicySpecText> ModelSpecText(std::string_view model_spec) {
   }
   absl::flat_hash_set<std::string> seen;
   for (const auto& [knob, value] : text->knobs) {
-    if (knob == "budget") return fail("it names a budget; the budget is the user's to choose");
+    if (knob == "budget" || knob == "period") {
+      return fail(absl::StrFormat("it sets '%s'; the budget is the user's to choose", knob));
+    }
     if (!seen.insert(knob).second) return fail(absl::StrFormat("knob '%s' is given twice", knob));
   }
   return text;
 }
 
-}  // namespace
-
-absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request,
-                                               std::string_view model_spec) {
-  BKV_ASSIGN_OR_RETURN(PolicySpecText text, ParsePolicySpecText(request.spec));
-  std::vector<std::pair<std::string, KnobValue>> model_knobs;
-  if (text.name == kModelPolicyName) {
-    BKV_ASSIGN_OR_RETURN(PolicySpecText model, ModelSpecText(model_spec));
-    text.name = std::move(model.name);
-    model_knobs = std::move(model.knobs);
-  }
+// BuildPolicyConfig once the name is a registry policy's: `model_knobs` (the model's spec, for
+// "model") come right after the defaults.
+absl::StatusOr<PolicyConfig> BuildFromText(
+    const PolicyRequest& request, const PolicySpecText& text,
+    const std::vector<std::pair<std::string, KnobValue>>& model_knobs) {
   BKV_ASSIGN_OR_RETURN(const PolicyEntry* entry, FindEntry(text.name));
   const std::string& name = entry->spec.name;
   PolicyConfig config = entry->defaults;
@@ -583,12 +579,10 @@ absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request,
     return absl::OkStatus();
   };
   if (request.budget) BKV_RETURN_IF_ERROR(take_budget(KnobValue(*request.budget)));
-  bool period_set = false;
   for (const auto& [knob, value] : model_knobs) {  // distinct, budget-free: ModelSpecText
-    absl::Status set = SetKnob(config, knob, value);
-    if (!set.ok()) return ModelSpecError(model_spec, set.message());
-    period_set = period_set || knob == "period";
+    BKV_RETURN_IF_ERROR(SetKnob(config, knob, value));
   }
+  bool period_set = false;
   if (request.interval && entry->spec.FindKnob("interval") != nullptr) {
     BKV_RETURN_IF_ERROR(SetKnob(config, "interval", KnobValue(*request.interval)));
   }
@@ -613,6 +607,21 @@ absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request,
   BKV_RETURN_IF_ERROR(apply(text.knobs));
   if (budget) BKV_RETURN_IF_ERROR(ApplyBudget(config, *budget, period_set));
   BKV_RETURN_IF_ERROR(ValidatePolicyConfig(config));
+  return config;
+}
+
+}  // namespace
+
+absl::StatusOr<PolicyConfig> BuildPolicyConfig(const PolicyRequest& request,
+                                               std::string_view model_spec) {
+  BKV_ASSIGN_OR_RETURN(PolicySpecText text, ParsePolicySpecText(request.spec));
+  if (text.name != kModelPolicyName) return BuildFromText(request, text, {});
+  BKV_ASSIGN_OR_RETURN(PolicySpecText model, ModelSpecText(model_spec));
+  text.name = std::move(model.name);
+  absl::StatusOr<PolicyConfig> config = BuildFromText(request, text, model.knobs);
+  // Whatever fails now (a model knob, or the user's on top of the model's), the message says
+  // which spec "model" stood for.
+  if (!config.ok()) return ModelSpecError(model_spec, config.status().message());
   return config;
 }
 

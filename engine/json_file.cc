@@ -1,13 +1,19 @@
 #include "engine/json_file.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 #include "absl/strings/str_format.h"
 
 namespace beaconkv {
 
 absl::StatusOr<std::string> ReadTextFile(const std::string& path, std::string_view what) {
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) {
+    return absl::NotFoundError(absl::StrFormat("%s: cannot open %s: a directory", path, what));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrFormat("%s: cannot open %s", path, what));
   std::ostringstream text;

@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
 #include "engine/json_file.h"
@@ -18,6 +19,9 @@ std::string ConfigPath(const std::string& model_dir) { return model_dir + "/conf
 }  // namespace
 
 absl::StatusOr<std::string> ModelPolicySpec(const std::string& model_dir) {
+  if (model_dir.empty()) {
+    return absl::InvalidArgumentError("model directory: the path is empty");
+  }
   const std::string path = ConfigPath(model_dir);
   BKV_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "model config"));
   BKV_ASSIGN_OR_RETURN(nlohmann::json obj, ParseJsonObject(text, path));
@@ -35,7 +39,7 @@ absl::StatusOr<std::string> ModelPolicySpec(const std::string& model_dir) {
   PolicyRequest check;
   check.spec = std::string(kModelPolicyName);
   if (absl::Status built = BuildPolicyConfig(check, spec).status(); !built.ok()) {
-    return fail(built.message());
+    return fail(absl::StrCat("does not build: ", built.message()));
   }
   return spec;
 }

@@ -44,17 +44,25 @@ TEST(ModelPolicyTest, MalformedFilesAndFieldsNameTheProblem) {
   absl::Status s = ModelPolicySpec(missing).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(s), HasSubstr(missing + "/config.json"));
+  const std::string dir_as_file = absl::StrCat(test_files::TempRoot(), "/dir_config");
+  std::filesystem::create_directories(dir_as_file + "/config.json");
+  s = ModelPolicySpec(dir_as_file).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(s),
+              HasSubstr(dir_as_file + "/config.json: cannot open model config: a directory"));
+  EXPECT_THAT(Message(ModelPolicySpec("").status()), HasSubstr("the path is empty"));
 
   struct Case {
     const char* text;
     const char* says;
   } cases[] = {
-      {"{not json", "config.json"},
+      {"{not json", "not valid JSON"},
+      {"[1, 2]", "top level must be a JSON object"},
       {R"({"beaconkv_policy": 3})", "must be a policy spec string, got number 3"},
       {R"({"beaconkv_policy": ""})", "is empty"},
       {R"({"beaconkv_policy": "lru"})", "unknown policy \"lru\""},
       {R"({"beaconkv_policy": "beacon:n_becons=8"})", "no knob 'n_becons'"},
-      {R"({"beaconkv_policy": "beacon:budget=64"})", "names a budget"},
+      {R"({"beaconkv_policy": "beacon:budget=64"})", "it sets 'budget'"},
       {R"({"beaconkv_policy": "model"})", "must name a policy of the registry"},
       {R"({"beaconkv_policy": "beacon:blur_speed=-1"})", "'blur_speed'"},
   };

@@ -187,10 +187,11 @@ TEST(PolicyRegistryTest, ModelStandsForTheModelsSpecUnderTheUsersKnobs) {
   c = BuildPolicyConfig({"tova", 96, {}, {}}, "beacon:n_recent=32");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(std::holds_alternative<TovaConfig>(*c));
-  // rpc's period follows the budget unless the model sets it.
-  c = BuildPolicyConfig({"model", 64, {}, {}}, "rpc:period=512");
+  // rpc's period follows the user's budget, with the model's ratio.
+  c = BuildPolicyConfig({"model", 64, {}, {}}, "rpc:ratio=2");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(std::get<RpcConfig>(*c).period, 512);
+  EXPECT_EQ(std::get<RpcConfig>(*c).period, 128);
+  EXPECT_EQ(PolicyBudget(*c), 64);
 }
 
 TEST(PolicyRegistryTest, ModelRefusesAMissingOrMalformedModelSpec) {
@@ -199,20 +200,25 @@ TEST(PolicyRegistryTest, ModelRefusesAMissingOrMalformedModelSpec) {
   };
   EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, ""), "no model policy was given"));
   EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "model:n_recent=8"),
-                       "the model's policy 'model:n_recent=8' (policy 'model'): it must name a "
+                       "policy 'model' (the model's 'model:n_recent=8'): it must name a "
                        "policy of the registry"));
   EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "lru"), "unknown policy \"lru\""));
-  EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "beacon:budget=64"), "names a budget"));
+  // The budget is the user's: neither a budget nor rpc's period (its budget) in the model's.
+  EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "beacon:budget=64"), "it sets 'budget'"));
+  EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "rpc:period=512"), "it sets 'period'"));
   EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "beacon:n_recent=8,n_recent=9"), "twice"));
   EXPECT_TRUE(Contains(error({"model", 96, {}, {}}, "beacon:"), "expected KNOB=VALUE"));
   const absl::Status knob = error({"model", 96, {}, {}}, "beacon:n_becons=8");
-  EXPECT_TRUE(Contains(knob, "the model's policy 'beacon:n_becons=8'")) << knob;
+  EXPECT_TRUE(Contains(knob, "policy 'model' (the model's 'beacon:n_becons=8')")) << knob;
   EXPECT_TRUE(Contains(knob, "no knob 'n_becons'")) << knob;
   // A model knob the user's knobs would override is still checked: the model's file is wrong.
   EXPECT_TRUE(
       Contains(error({"model:n_recent=8", 96, {}, {}}, "beacon:n_recent=-1"), "'n_recent'"));
-  // The combination is validated as a whole.
-  EXPECT_TRUE(Contains(error({"model", 8, {}, {}}, "beacon"), "protected tokens"));
+  // The combination is validated as a whole, and its errors say what "model" stood for.
+  const absl::Status small = error({"model", 8, {}, {}}, "beacon:n_recent=32");
+  EXPECT_TRUE(Contains(small, "policy 'model' (the model's 'beacon:n_recent=32')")) << small;
+  EXPECT_TRUE(Contains(small, "protected tokens")) << small;
+  EXPECT_TRUE(Contains(error({"model-pooled", 96, {}, {}}, "rpc"), "no knob 'budget_mode'"));
 }
 
 // layer_budget_offsets: integers joined by '/', summing to 0, one per layer of the model, no

@@ -259,7 +259,8 @@ def test_model_without_a_model_policy_says_so(tmp_path):
 @pytest.mark.parametrize("value,says", [
     (7, "must be a policy spec string"),
     ("beacon:n_becons=3", "no knob 'n_becons'"),
-    ("beacon:budget=64", "names a budget"),
+    ("beacon:budget=64", "it sets 'budget'"),
+    ("rpc:period=512", "it sets 'period'"),
     ("model", "must name a policy of the registry"),
 ])
 def test_a_malformed_model_policy_names_the_file(tmp_path, value, says):
@@ -287,5 +288,29 @@ def test_vllm_config_resolves_model_against_the_served_model(tmp_path):
     with pytest.raises(ValueError, match="names no policy of the model"):
         config.parse(json.dumps({"policy": "model", "budget": 96,
                                  "model": model_dir_with(tmp_path, beaconkv_policy=None)}))
-    with pytest.raises(ValueError, match="'model' must be a model directory"):
-        config.parse(json.dumps({"policy": "beacon", "model": 3}))
+    for bad in (3, ""):
+        with pytest.raises(ValueError, match="'model' must be a model directory"):
+            config.parse(json.dumps({"policy": "beacon", "model": bad}))
+
+
+def test_the_engine_resolves_model_against_its_own_directory():
+    """Engine(DIR, policy="model...") reads DIR's setting; a bare "model" string where no
+    directory is known says how to build it."""
+    from beaconkv.evaluate import load_problems
+    from beaconkv.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.load(MODEL)
+    prompt = [tok.bos_id] + tok.encode(load_problems(MODEL, "dev", 1)[0]["prompt"])
+
+    def run(policy):
+        eng = beaconkv.Engine(MODEL, policy=policy, num_threads=1)
+        eng.add_request(0, prompt, max_new_tokens=300)
+        out = eng.run()[0]
+        return out["output"], out["peak_retained_tokens"]
+
+    by_string = run("model:budget=96,interval=16")
+    assert by_string == run(beaconkv.make_policy_config("model", 96, knobs=["interval=16"],
+                                                        model=MODEL))
+    assert by_string[1] < len(prompt) + len(by_string[0])  # it evicted
+    with pytest.raises(ValueError, match="needs the model directory"):
+        beaconkv.policy_budget("model")

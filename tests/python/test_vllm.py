@@ -142,7 +142,7 @@ def test_beacon_with_the_paged_scorer_matches_our_engine(tmp_path, engine_refs):
 
 
 def paged_beacon_with_knobs(tmp_path, tok, name: str, budget: int, knobs: dict,
-                            policy: str = "beacon"):
+                            policy: str = "beacon", multiprocess: bool = False):
     """vLLM with `policy` (beacon, beacon-pooled or the model's own) at `budget` and `knobs`,
     scored by the paged scorer, on 8 dev problems, and the engine references for
     check_against_engine (the same policy; the full cache)."""
@@ -154,9 +154,11 @@ def paged_beacon_with_knobs(tmp_path, tok, name: str, budget: int, knobs: dict,
     ours = run_vllm(tmp_path, name,
                     beaconkv={"policy": policy, "budget": budget, "knobs": knobs,
                               "scorer": "paged"},
-                    prompts=prompts, max_tokens=[1200] * len(prompts), logprobs=3)
-    assert ours["stats"]["tokens_evicted"] > 0
-    assert ours["integrity"] == "ok" and ours["used_blocks_at_end"] == 0
+                    prompts=prompts, max_tokens=[1200] * len(prompts), logprobs=3,
+                    multiprocess=multiprocess)
+    if not multiprocess:  # the statistics live in the EngineCore process otherwise
+        assert ours["stats"]["tokens_evicted"] > 0
+        assert ours["integrity"] == "ok" and ours["used_blocks_at_end"] == 0
     return ours, refs
 
 
@@ -198,15 +200,18 @@ def test_beacon_with_layer_budgets_matches_our_engine(tmp_path, tok, policy):
                          "scorer=paged", later_bound=0.5)
 
 
-def test_the_models_own_policy_matches_our_engine(tmp_path, tok):
+@pytest.mark.parametrize("multiprocess", [False, True])
+def test_the_models_own_policy_matches_our_engine(tmp_path, tok, multiprocess):
     """policy "model": the scheduler reads the served model's recommended setting (its
     config.json's beaconkv_policy: pooled budgets, layer offsets, blurred rows in one layer)
-    and runs it as our engine builds it from the same directory."""
+    and runs it as our engine builds it from the same directory; across processes the worker
+    gets the directory with the config."""
     assert beaconkv.model_policy_spec(MODEL) is not None
     ours, refs = paged_beacon_with_knobs(tmp_path, tok, "model_policy", 96, {"interval": 32},
-                                         beaconkv.MODEL_POLICY)
+                                         beaconkv.MODEL_POLICY, multiprocess)
     check_against_engine(ours, refs, f"model ({beaconkv.model_policy_spec(MODEL)})@96/32, "
-                         "scorer=paged", later_bound=0.5)
+                         f"scorer=paged, {'multi' if multiprocess else 'single'}-process",
+                         later_bound=0.5)
 
 
 def test_beacon_across_processes_matches_our_engine(tmp_path, engine_refs):

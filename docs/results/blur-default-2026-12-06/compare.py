@@ -20,6 +20,8 @@ for p in ("per_problem.json", "../blurred-beacons-2026-12-06/per_problem.json",
 a, b, task = sys.argv[1:4]
 all_a, all_b = [], []
 for name in sorted(r for r in runs if r.startswith(f"{a}_{task}-")):
+    if f"{b}_" + name[len(a) + 1:] not in runs:  # splits only `a` ran on
+        continue
     c0 = [x == "1" for x in runs[name]["correct"]]
     c1 = [x == "1" for x in runs[f"{b}_" + name[len(a) + 1:]]["correct"]]
     one = paired(c0, c1)

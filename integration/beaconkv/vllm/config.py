@@ -83,7 +83,7 @@ def parse(text: str) -> VllmConfig:
     if scorer not in SCORERS:
         raise ValueError(f"{ENV}: scorer must be one of {list(SCORERS)}, got {scorer!r}")
     model = data.get("model")
-    if model is not None and not isinstance(model, str):
+    if model is not None and (not isinstance(model, str) or not model):
         raise ValueError(f"{ENV}: 'model' must be a model directory, got {model!r}")
     cfg = VllmConfig(policy=str(data.get("policy", "full")), budget=data.get("budget"),
                      knobs=knobs, block_size=int(data.get("block_size", VllmConfig.block_size)),

@@ -142,6 +142,10 @@ class Scheduler(_VllmScheduler):
         mc = vllm_config.model_config
         geometry = _config.check_geometry(mc.hf_config, mc.dtype)
         if cfg.model is None:  # the policy "model" reads the served model's directory
+            if cfg.names_model_policy() and not os.path.isdir(mc.model):
+                raise ValueError(f"beaconkv.vllm: policy 'model' reads the served model's "
+                                 f"config.json, and {mc.model!r} is not a local directory; "
+                                 f"give \"model\": DIR in {_config.ENV}")
             cfg.model = mc.model
         if vllm_config.cache_config.enable_prefix_caching:
             raise ValueError("beaconkv.vllm does not support prefix caching: pass "
