@@ -24,6 +24,11 @@ absl::StatusOr<std::string> ModelPolicySpec(const std::string& model_dir) {
   }
   const std::string path = ConfigPath(model_dir);
   BKV_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "model config"));
+  return ModelPolicySpecFromJson(text, path);
+}
+
+absl::StatusOr<std::string> ModelPolicySpecFromJson(const std::string& text,
+                                                    const std::string& path) {
   BKV_ASSIGN_OR_RETURN(nlohmann::json obj, ParseJsonObject(text, path));
   auto it = obj.find(kField);
   if (it == obj.end() || it->is_null()) return std::string();

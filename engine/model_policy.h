@@ -15,6 +15,9 @@ namespace beaconkv {
 // it is not JSON, the field is not a string, or the spec does not build (an unknown policy or
 // knob, a bad value, a budget, or "model" itself).
 absl::StatusOr<std::string> ModelPolicySpec(const std::string& model_dir);
+// The same on the text of a config.json; `file_name_for_errors` prefixes every error.
+absl::StatusOr<std::string> ModelPolicySpecFromJson(const std::string& text,
+                                                    const std::string& file_name_for_errors);
 
 // BuildPolicyConfig, with the model's spec read from `model_dir` when `request.spec` names
 // "model" (a model that names none: kInvalidArgument naming its config.json).

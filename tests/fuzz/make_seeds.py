@@ -4,7 +4,7 @@
 
 model_loader: valid tiny models (F32/F16/BF16, tied and untied) in the fuzzer's input layout
 (u16 length + config.json, u16 length + tokenizer.json, then model.safetensors), plus a few
-broken ones. block_manager: seeded random operation streams of several lengths.
+broken ones and two with a `beaconkv_policy`. block_manager: seeded random operation streams of several lengths.
 Deterministic: the same files every run.
 """
 
@@ -82,6 +82,12 @@ def main() -> None:
     seeds["empty_safetensors"] = (c, t, b"")
     seeds["no_tokenizer"] = (c, b"", s)
     seeds["config_not_object"] = (b"[1,2]", t, s)
+    # The setting a model ships (config.json's beaconkv_policy): one that builds, one that
+    # does not.
+    for name, spec in (("model_policy", "beacon-pooled:layer_budget_offsets=0/-16/16/0,"
+                                        "blur_speed=0.02,blur_layers=3"),
+                       ("model_policy_bad_knob", "beacon:n_becons=3")):
+        seeds[name] = (json.dumps({**json.loads(c), "beaconkv_policy": spec}).encode(), t, s)
     for name, parts in seeds.items():
         with open(os.path.join(out, name), "wb") as f:
             f.write(loader_input(*parts))

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "engine/model_config.h"
+#include "engine/model_policy.h"
 #include "engine/model_weights.h"
 #include "engine/safetensors.h"
 #include "engine/tokenizer.h"
@@ -73,6 +74,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(t.data_end - t.data_begin == t.numel() * DTypeSize(t.dtype));
       FUZZ_CHECK(static_cast<int64_t>(file->RawBytes(t.name).size()) == t.data_end - t.data_begin);
     }
+  }
+  // The setting the model ships: a spec that is returned builds (without a budget, and at
+  // the budget of any user).
+  absl::StatusOr<std::string> spec = ModelPolicySpecFromJson(config_text, "config.json");
+  if (spec.ok() && !spec->empty()) {
+    FUZZ_CHECK(BuildPolicyConfig({"model", {}, {}, {}}, *spec).ok());
+    (void)BuildPolicyConfig({"model", 96, 16, {}}, *spec);
   }
   absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(config_text, "config.json");
   if (!config.ok() || !file.ok()) return 0;
