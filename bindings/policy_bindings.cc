@@ -105,7 +105,7 @@ void ApplyKnobs(PolicyConfig& config, const py::dict& knobs) {
 PolicyConfig ToConfig(py::handle obj) {
   if (py::isinstance<py::str>(obj)) {
     const std::string spec = obj.cast<std::string>();
-    if (Unwrap(ParsePolicySpecText(spec)).name == kModelPolicyName) {
+    if (Unwrap(NamesModelPolicy(spec))) {
       throw py::value_error(
           absl::StrFormat("policy '%s' needs the model directory: build it with "
                           "beaconkv.make_policy_config('%s', budget, model=DIR)",
@@ -390,10 +390,7 @@ An unknown policy or knob, a bad value, budgets that disagree, or 'model' withou
 policy raise ValueError.)doc");
   m.attr("MODEL_POLICY") = std::string(kModelPolicyName);
   m.def(
-      "names_model_policy",
-      [](const std::string& spec) {
-        return Unwrap(ParsePolicySpecText(spec)).name == kModelPolicyName;
-      },
+      "names_model_policy", [](const std::string& spec) { return Unwrap(NamesModelPolicy(spec)); },
       py::arg("spec"),
       "Whether a policy spec names 'model' (MODEL_POLICY: the policy a model directory "
       "recommends), so that building it needs the model directory.");

@@ -528,6 +528,11 @@ absl::StatusOr<PolicySpecText> ParsePolicySpecText(std::string_view text) {
   return out;
 }
 
+absl::StatusOr<bool> NamesModelPolicy(std::string_view spec) {
+  BKV_ASSIGN_OR_RETURN(PolicySpecText text, ParsePolicySpecText(spec));
+  return text.name == kModelPolicyName;
+}
+
 namespace {
 
 absl::Status ModelSpecError(std::string_view model_spec, absl::string_view why) {

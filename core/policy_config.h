@@ -270,6 +270,8 @@ absl::StatusOr<PolicySpecText> ParsePolicySpecText(std::string_view text);
 // spec the model ships (its config.json "beaconkv_policy", engine/model_policy.h) with the
 // knobs given on top. It is not a policy of the registry.
 inline constexpr std::string_view kModelPolicyName = "model";
+// Whether `spec` (ParsePolicySpecText) names "model"; a malformed spec is an error.
+absl::StatusOr<bool> NamesModelPolicy(std::string_view spec);
 
 // Everything an entry point knows about the policy to run.
 struct PolicyRequest {

@@ -51,8 +51,8 @@ absl::StatusOr<std::string> ModelPolicySpecFromJson(const std::string& text,
 
 absl::StatusOr<PolicyConfig> BuildModelPolicyConfig(const PolicyRequest& request,
                                                     const std::string& model_dir) {
-  BKV_ASSIGN_OR_RETURN(PolicySpecText text, ParsePolicySpecText(request.spec));
-  if (text.name != kModelPolicyName) return BuildPolicyConfig(request);
+  BKV_ASSIGN_OR_RETURN(bool names_model, NamesModelPolicy(request.spec));
+  if (!names_model) return BuildPolicyConfig(request);
   BKV_ASSIGN_OR_RETURN(std::string model_spec, ModelPolicySpec(model_dir));
   if (model_spec.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(

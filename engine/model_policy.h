@@ -13,7 +13,7 @@ namespace beaconkv {
 // `model_dir`/config.json's "beaconkv_policy"; "" when the model names none (absent or null).
 // kNotFound when config.json cannot be read; kInvalidArgument naming the file and field when
 // it is not JSON, the field is not a string, or the spec does not build (an unknown policy or
-// knob, a bad value, a budget, or "model" itself).
+// knob, a bad value, a budget or rpc period, or "model" itself).
 absl::StatusOr<std::string> ModelPolicySpec(const std::string& model_dir);
 // The same on the text of a config.json; `file_name_for_errors` prefixes every error.
 absl::StatusOr<std::string> ModelPolicySpecFromJson(const std::string& text,
