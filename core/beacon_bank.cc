@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "core/capped_growth.h"
 #include "core/check.h"
 #include "core/multiversion.h"
 #include "core/transpose16.h"
@@ -644,8 +645,7 @@ BeaconBank::BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max,
       buffer_min_(buffer_min),
       buffer_max_(buffer_max),
       draw_on_fill_(draw_on_fill),
-      radius_(static_cast<int32_t>(std::lround(radius * kFpsDistanceOne))),
-      buffer_(static_cast<size_t>(buffer_max) * head_dim) {
+      radius_(static_cast<int32_t>(std::lround(radius * kFpsDistanceOne))) {
   BKV_CHECK(head_dim >= 1 && buffer_min >= 1 && buffer_min < buffer_max);
   BKV_CHECK(radius >= 0.0 && radius <= 2.0);
 }
@@ -655,7 +655,9 @@ int64_t BeaconBank::CapacityBytes() const {
 }
 
 void BeaconBank::Append(const float* query) {
-  std::copy_n(query, head_dim_, buffer_.data() + static_cast<size_t>(size_) * head_dim_);
+  internal::GrowCapped(&buffer_, static_cast<size_t>(head_dim_),
+                       static_cast<size_t>(buffer_max_) * head_dim_);
+  buffer_.insert(buffer_.end(), query, query + head_dim_);
   ++size_;
   ++arrivals_;
   if (size_ == buffer_max_) Reduce();
@@ -675,7 +677,7 @@ void BeaconBank::Reduce() {
     std::copy_n(buffer_.data() + static_cast<size_t>(keep[i]) * head_dim_, head_dim_,
                 scratch_.data() + static_cast<size_t>(i) * head_dim_);
   }
-  std::copy(scratch_.begin(), scratch_.end(), buffer_.begin());
+  buffer_.assign(scratch_.begin(), scratch_.end());
   cut_ = kept < std::min(buffer_min_, size_);
   size_ = kept;
   ordered_ = kept;

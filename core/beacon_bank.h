@@ -111,7 +111,7 @@ class BeaconBank {
   bool cut_ = false;  // the last reduction stopped at the radius
   int64_t num_reductions_ = 0;
   int64_t arrivals_ = 0;        // queries appended since the last Beacons()
-  std::vector<float> buffer_;   // [buffer_max, head_dim]; the first size_ rows are live
+  std::vector<float> buffer_;   // [size_, head_dim]; grows with the appends, up to buffer_max rows
   std::vector<float> scratch_;  // [buffer_min, head_dim] survivors during Reduce
   std::vector<uint8_t> copy_;   // per survivor: 1 = a copy of an earlier survivor
 };

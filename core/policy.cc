@@ -399,9 +399,16 @@ namespace internal {
 
 void QueryRing::Push(const float* row) {
   if (capacity_ == 0) return;
+  if (size_ < capacity_) {  // filling: rows go in order (next_ == size_), the storage grows
+    GrowCapped(&data_, static_cast<size_t>(row_floats_),
+               static_cast<size_t>(capacity_) * row_floats_);
+    data_.insert(data_.end(), row, row + row_floats_);
+    ++size_;
+    next_ = size_ % capacity_;
+    return;
+  }
   std::copy_n(row, row_floats_, data_.data() + static_cast<size_t>(next_) * row_floats_);
   next_ = (next_ + 1) % capacity_;
-  size_ = std::min(size_ + 1, capacity_);
 }
 
 void QueryRing::CopyOrdered(float* out) const {

@@ -1,23 +1,25 @@
 // Pieces shared by the policy implementations; not part of the public interface.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/types/span.h"
+#include "core/capped_growth.h"
 #include "core/policy.h"
 #include "core/scoring.h"
 
 namespace beaconkv::internal {
 
-// The newest `capacity` steps of one head's queries, each `row_floats` floats.
+// The newest `capacity` steps of one head's queries, each `row_floats` floats. Memory grows
+// with the steps pushed, up to the capacity: a large window (a knob has no upper bound)
+// costs what a sequence fills of it, not its size up front.
 class QueryRing {
  public:
   QueryRing(int32_t capacity, int32_t row_floats)
-      : capacity_(capacity),
-        row_floats_(row_floats),
-        data_(static_cast<size_t>(capacity) * row_floats) {}
+      : capacity_(std::max(capacity, 0)), row_floats_(std::max(row_floats, 0)) {}
 
   void Push(const float* row);
   int32_t size() const { return size_; }
@@ -29,14 +31,17 @@ class QueryRing {
     CopyOrdered(out->data());
     return size_;
   }
-  int64_t Bytes() const { return static_cast<int64_t>(data_.size() * sizeof(float)); }
+  // At capacity (PolicyState::StateBytes counts buffers full).
+  int64_t Bytes() const {
+    return int64_t{capacity_} * row_floats_ * static_cast<int64_t>(sizeof(float));
+  }
 
  private:
   int32_t capacity_;
   int32_t row_floats_;
   int32_t size_ = 0;
   int32_t next_ = 0;         // ring slot the next Push writes
-  std::vector<float> data_;  // [capacity, row_floats]
+  std::vector<float> data_;  // [min(pushed, capacity), row_floats]
 };
 
 // One head's scored selection problem, in position order.

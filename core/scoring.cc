@@ -19,9 +19,11 @@
 namespace beaconkv {
 namespace {
 
-// Cephes-style expf (relative error ~2 ulp) written so the compiler can vectorise it.
+// Cephes-style expf (relative error ~2 ulp) written so the compiler can vectorise it. The
+// clamp takes NaN to -87 (std::max returns its first argument when the comparison is false),
+// so a NaN logit weighs as nothing instead of reaching the integer conversion below.
 inline float ExpApprox(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
+  x = std::min(88.0f, std::max(-87.0f, x));
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float n = (x * 1.44269504088896341f + kMagic) - kMagic;
   float r = x - n * 0.693359375f;

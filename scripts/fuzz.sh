@@ -14,8 +14,8 @@ fi
 CC=clang CXX=clang++ cmake -S . -B build/fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBEACONKV_WERROR=ON -DBEACONKV_SANITIZE=address,undefined -DBEACONKV_FUZZ=ON \
   -DBEACONKV_TESTS=OFF -DBEACONKV_BENCH=OFF -DBEACONKV_CUDA=OFF >/dev/null
-cmake --build build/fuzz -j"$JOBS" --target block_manager_fuzz model_loader_fuzz
-for target in block_manager model_loader; do
+cmake --build build/fuzz -j"$JOBS" --target block_manager_fuzz model_loader_fuzz policy_fuzz
+for target in block_manager model_loader policy; do
   work=build/fuzz/corpus/$target
   mkdir -p "$work"
   echo "== fuzz $target for ${FUZZ_SECONDS}s =="

@@ -2,6 +2,7 @@
 // the budget is met exactly (uniform) or per layer (pooled); protected tokens are always
 // kept; results are deterministic, independent of slot order, and ties go to recent tokens.
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -363,6 +364,44 @@ TEST(PolicyStateTest, UniformTriggerAndArgumentChecks) {
   EXPECT_TRUE((*h2o)->NeedsKeysOnObserve());
   EXPECT_EQ((*h2o)->Observe(0, 0, {0, q.data(), q.data()}, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Knobs that size per-sequence buffers have no upper bound, so the buffers take memory as a
+// sequence fills them: a state with windows and a beacon buffer of 2^31 - 1 queries is made,
+// observes, compresses and reports its bound, where allocating them up front (32 GB and more
+// per head) threw (found by tests/fuzz/policy_fuzz.cc).
+TEST(PolicyStateTest, UnboundedWindowsTakeMemoryAsTheyFill) {
+  constexpr int32_t kHuge = std::numeric_limits<int32_t>::max();
+  PolicyGeometry geo;
+  geo.rope = testing::TestRope(4);
+  RpcConfig rpc;
+  rpc.window = kHuge;
+  SnapKvConfig snapkv;
+  snapkv.budget = kHuge;
+  snapkv.window = kHuge - 1;
+  BeaconConfig beacon;
+  beacon.n_recent = kHuge;
+  beacon.budget = kHuge;
+  beacon.buffer_max = kHuge;
+  beacon.buffer_min = kHuge - 1;
+  for (const PolicyConfig& config :
+       {PolicyConfig(rpc), PolicyConfig(snapkv), PolicyConfig(beacon)}) {
+    auto state = NewPolicyState(config, geo, 0);
+    ASSERT_TRUE(state.ok()) << PolicyName(config) << ": " << state.status();
+    std::vector<float> keys;
+    std::vector<int32_t> pos;
+    for (int32_t p = 0; p < 40; ++p) {
+      const std::vector<float> q = {1.0f, 0.5f * p, -1.0f, 0.25f};
+      keys.insert(keys.end(), q.begin(), q.end());
+      pos.push_back(p);
+      ASSERT_TRUE((*state)->Observe(0, 0, {p, q.data(), q.data()}, nullptr).ok());
+    }
+    const HeadKeys head{keys.data(), pos.data(), 40};
+    auto keep = (*state)->Compress(0, absl::MakeConstSpan(&head, 1), std::vector<int32_t>{0}, 39);
+    ASSERT_TRUE(keep.ok()) << PolicyName(config) << ": " << keep.status();
+    EXPECT_GE((*state)->StateBytes(), int64_t{kHuge - 1} * 4 * static_cast<int64_t>(sizeof(float)))
+        << PolicyName(config) << ": the bound, buffers full";
+  }
 }
 
 // PeakBlocks: max(prefill + 1, budget + interval) tokens in every head, capped by the

@@ -2,6 +2,7 @@
 // under every GQA/query reduction, pooling, R-KV redundancy, selection and its tie rule.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -191,6 +192,27 @@ TEST(SoftmaxTest, StableForLargeAndEqualLogits) {
   SoftmaxInPlace(y.data(), 1001);
   const std::vector<double> ref = NaiveSoftmax(yd);
   for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-6 + 1e-5 * ref[i]);
+}
+
+// A NaN logit (a query or key the model filled with NaN) weighs as nothing: the others keep
+// their softmax, and no NaN reaches the exponential's integer step (UBSan, in the sanitized
+// build, reported that conversion before the clamp took NaN to its lower bound; found by
+// tests/fuzz/policy_fuzz.cc through h2o's Observe).
+TEST(SoftmaxTest, NanLogitWeighsNothing) {
+  for (const int32_t n : {3, 37}) {  // the scalar tail and whole vectors of lanes
+    std::vector<float> x(n, 0.0f);
+    x[0] = 1.0f;
+    x[1] = std::numeric_limits<float>::quiet_NaN();
+    SoftmaxInPlace(x.data(), n);
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(std::isfinite(x[i])) << i;
+      sum += x[i];
+    }
+    EXPECT_LT(x[1], 1e-30f);
+    EXPECT_NEAR(sum, 1.0, 1e-6);
+    EXPECT_NEAR(x[0] / x[2], std::exp(1.0), 1e-5);
+  }
 }
 
 TEST(Pool1dTest, MatchesTorchSemantics) {

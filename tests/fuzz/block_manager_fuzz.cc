@@ -13,19 +13,12 @@
 #include <vector>
 
 #include "block_manager/block_manager.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace beaconkv {
 namespace {
 
 constexpr int kLayers = 2, kHeads = 2, kHeadDim = 2, kHeadsTotal = kLayers * kHeads;
-
-#define FUZZ_CHECK(cond)                                                              \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      std::fprintf(stderr, "%s:%d: model mismatch: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                   \
-    }                                                                                 \
-  } while (0)
 
 struct Token {
   SequenceId origin;

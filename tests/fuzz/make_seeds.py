@@ -4,7 +4,8 @@
 
 model_loader: valid tiny models (F32/F16/BF16, tied and untied) in the fuzzer's input layout
 (u16 length + config.json, u16 length + tokenizer.json, then model.safetensors), plus a few
-broken ones and two with a `beaconkv_policy`. block_manager: seeded random operation streams of several lengths.
+broken ones and two with a `beaconkv_policy`. block_manager and policy: seeded random operation
+streams of several lengths.
 Deterministic: the same files every run.
 """
 
@@ -96,6 +97,17 @@ def main() -> None:
     os.makedirs(out, exist_ok=True)
     rng = random.Random(13)
     for i, n in enumerate((16, 64, 256, 1024, 2048)):
+        with open(os.path.join(out, f"ops_{i}_{n}"), "wb") as f:
+            f.write(bytes(rng.randrange(256) for _ in range(n)))
+
+    # policy: random streams. The other files of that folder (named by their SHA-1) are what a
+    # 15-minute run kept, minimised to its edges (`policy_fuzz -set_cover_merge=1
+    # -use_counters=0 OUT CORPUS`, 2026-12-06): they let a 60-second run start past the config
+    # and geometry checks, at every policy's compressions; this script does not rewrite them.
+    out = os.path.join(HERE, "corpus", "policy")
+    os.makedirs(out, exist_ok=True)
+    rng = random.Random(17)
+    for i, n in enumerate((64, 512, 4096)):
         with open(os.path.join(out, f"ops_{i}_{n}"), "wb") as f:
             f.write(bytes(rng.randrange(256) for _ in range(n)))
 

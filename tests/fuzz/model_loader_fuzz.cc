@@ -17,16 +17,9 @@
 #include "engine/model_weights.h"
 #include "engine/safetensors.h"
 #include "engine/tokenizer.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                              \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      std::fprintf(stderr, "%s:%d: broken promise: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                   \
-    }                                                                                 \
-  } while (0)
 
 // Takes a u16-length-prefixed string from the front of [*data, *data + *size).
 std::string TakeString(const uint8_t** data, size_t* size) {
