@@ -78,6 +78,8 @@ class BeaconBank {
   const float* data() const { return buffer_.data(); }
   // Bytes this buffer holds at capacity (buffer_max queries in float32).
   int64_t CapacityBytes() const;
+  // Bytes the buffer holds now (it grows with the appends, up to CapacityBytes()).
+  int64_t HeldBytes() const { return static_cast<int64_t>(buffer_.capacity() * sizeof(float)); }
 
   // Reduces the buffer to buffer_min (when larger), then writes the beacons into `out`
   // ([n, head_dim]): the first min(n_beacons, size) points of the buffer's FPS ordering

@@ -138,7 +138,8 @@ class PolicyState {
       const ScoringPlan& plan, absl::Span<const HeadKeys> heads,
       absl::Span<const absl::Span<const float>> scores);
 
-  // Bytes of per-sequence state held now, and at most (buffers at capacity).
+  // Bytes of per-sequence state at most: query rings and beacon buffers counted at capacity
+  // (they grow as a sequence fills them, core/capped_growth.h), the rest as held now.
   virtual int64_t StateBytes() const = 0;
 
  protected:

@@ -64,22 +64,23 @@ absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
             return CheckKernel("rpc", c.pool_kernel);
           },
           [](const BeaconConfig& c) {
-            if (c.budget < c.n_recent + c.n_sinks) {
+            const int64_t protected_tokens = int64_t{c.n_recent} + c.n_sinks;  // (no overflow)
+            if (c.budget < protected_tokens) {
               return Invalid("beacon",
                              absl::StrFormat("budget (%d) is smaller than the protected tokens "
                                              "n_recent + n_sinks = %d",
-                                             c.budget, c.n_recent + c.n_sinks));
+                                             c.budget, protected_tokens));
             }
             int64_t offsets = 0;
             for (size_t l = 0; l < c.layer_budget_offsets.size(); ++l) {
               offsets += c.layer_budget_offsets[l];
               const int64_t b = LayerBudget(c, static_cast<int32_t>(l));
-              if (b < c.n_recent + c.n_sinks) {
+              if (b < protected_tokens) {
                 return Invalid("beacon", absl::StrFormat("layer %d's budget (%d + %d = %d) is "
                                                          "smaller than the protected tokens "
                                                          "n_recent + n_sinks = %d",
                                                          l, c.budget, c.layer_budget_offsets[l], b,
-                                                         c.n_recent + c.n_sinks));
+                                                         protected_tokens));
               }
               if (b > std::numeric_limits<int32_t>::max()) {
                 return Invalid("beacon", absl::StrFormat("layer %d's budget (%d + %d) is above "
@@ -160,34 +161,37 @@ PolicyTraits DescribePolicy(const PolicyConfig& config) {
             return PolicyTraits{"none", "none", "none", "never"};
           },
           [](const StreamingConfig& c) {
-            return PolicyTraits{
-                "none (position rule)", "none", "none",
-                absl::StrFormat("head holds budget + interval = %d tokens", c.budget + c.interval)};
+            return PolicyTraits{"none (position rule)", "none", "none",
+                                absl::StrFormat("head holds budget + interval = %d tokens",
+                                                int64_t{c.budget} + c.interval)};
           },
           [](const H2OConfig& c) {
-            return PolicyTraits{
-                "post-RoPE, every observed query (prefill and decode), accumulated",
-                "sum of softmax probabilities over the group's query heads", "none",
-                absl::StrFormat("head holds budget + interval = %d tokens", c.budget + c.interval)};
+            return PolicyTraits{"post-RoPE, every observed query (prefill and decode), accumulated",
+                                "sum of softmax probabilities over the group's query heads", "none",
+                                absl::StrFormat("head holds budget + interval = %d tokens",
+                                                int64_t{c.budget} + c.interval)};
           },
           [](const TovaConfig& c) {
-            return PolicyTraits{
-                "post-RoPE, last query only", GqaReductionName(GqaReduction::kMeanProbs), "none",
-                absl::StrFormat("head holds budget + interval = %d tokens", c.budget + c.interval)};
+            return PolicyTraits{"post-RoPE, last query only",
+                                GqaReductionName(GqaReduction::kMeanProbs), "none",
+                                absl::StrFormat("head holds budget + interval = %d tokens",
+                                                int64_t{c.budget} + c.interval)};
           },
           [](const SnapKvConfig& c) {
             return PolicyTraits{
                 absl::StrFormat("post-RoPE, last %d queries; mean over queries", c.window),
                 GqaReductionName(GqaReduction::kMaxLogits),
                 absl::StrFormat("%s kernel %d", PoolingName(c.pooling), c.pool_kernel),
-                absl::StrFormat("head holds budget + interval = %d tokens", c.budget + c.interval)};
+                absl::StrFormat("head holds budget + interval = %d tokens",
+                                int64_t{c.budget} + c.interval)};
           },
           [](const RkvConfig& c) {
             return PolicyTraits{
                 absl::StrFormat("post-RoPE, last %d queries; mean over queries", c.window),
                 GqaReductionName(GqaReduction::kMaxLogits),
                 absl::StrFormat("maxpool kernel %d (importance only)", c.pool_kernel),
-                absl::StrFormat("head holds budget + interval = %d tokens", c.budget + c.interval)};
+                absl::StrFormat("head holds budget + interval = %d tokens",
+                                int64_t{c.budget} + c.interval)};
           },
           [](const RpcConfig& c) {
             return PolicyTraits{
@@ -214,10 +218,10 @@ PolicyTraits DescribePolicy(const PolicyConfig& config) {
                                   : std::string("none"),
                 c.budget_mode == BudgetMode::kUniform
                     ? absl::StrFormat("head holds budget + interval = %d tokens",
-                                      c.budget + c.interval)
+                                      int64_t{c.budget} + c.interval)
                     : absl::StrFormat("layer holds (budget + interval) * num_kv_heads = %d "
                                       "* num_kv_heads tokens",
-                                      c.budget + c.interval)};
+                                      int64_t{c.budget} + c.interval)};
           },
       },
       config);

@@ -31,6 +31,8 @@ class QueryRing {
     CopyOrdered(out->data());
     return size_;
   }
+  // Bytes the storage holds now (it grows with the steps pushed).
+  int64_t HeldBytes() const { return static_cast<int64_t>(data_.capacity() * sizeof(float)); }
   // At capacity (PolicyState::StateBytes counts buffers full).
   int64_t Bytes() const {
     return int64_t{capacity_} * row_floats_ * static_cast<int64_t>(sizeof(float));

@@ -28,8 +28,9 @@ class RpcState final : public PolicyState {
     return absl::OkStatus();
   }
 
-  int32_t KeepTarget(int32_t layer) const {
-    return (num_compressions_[layer] + 1) * (config_.period / config_.ratio);
+  // (64 bits: period has no upper bound, and the target grows with every compression.)
+  int64_t KeepTarget(int32_t layer) const {
+    return (int64_t{num_compressions_[layer]} + 1) * (config_.period / config_.ratio);
   }
 
   // Fires once `period` new tokens have accumulated beyond prompt + kept + window.

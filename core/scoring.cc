@@ -21,7 +21,9 @@ namespace {
 
 // Cephes-style expf (relative error ~2 ulp) written so the compiler can vectorise it. The
 // clamp takes NaN to -87 (std::max returns its first argument when the comparison is false),
-// so a NaN logit weighs as nothing instead of reaching the integer conversion below.
+// so a NaN logit weighs as nothing in the portable paths instead of reaching the integer
+// conversion below (undefined). (The AVX-512 scorer below has no such conversion; there a
+// row with a NaN logit drops out of the max, FoldRows.)
 inline float ExpApprox(float x) {
   x = std::min(88.0f, std::max(-87.0f, x));
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
@@ -273,7 +275,9 @@ __attribute__((target("avx512f"))) void FoldRows(const float* tile, int32_t n, i
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
       const __m512 x = _mm512_loadu_ps(tile + static_cast<size_t>(r) * n16 + j);
-      b = _mm512_max_ps(b, _mm512_sub_ps(x, shift[r]));
+      // max_ps returns its second operand when either is NaN: a row whose logits or
+      // normaliser are NaN leaves the running best as it was.
+      b = _mm512_max_ps(_mm512_sub_ps(x, shift[r]), b);
     }
     _mm512_storeu_ps(best + j, b);
   }

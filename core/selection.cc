@@ -1,10 +1,22 @@
 #include "core/selection.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "core/check.h"
 
 namespace beaconkv {
+namespace {
+
+// A score as the selections rank it: NaN (a score computed from NaN queries or keys, or
+// handed in by an external scorer) ranks below every number, so that the comparisons stay
+// a strict weak order (std::nth_element's precondition) whatever the scores hold.
+float RankKey(float score) {
+  return std::isnan(score) ? -std::numeric_limits<float>::infinity() : score;
+}
+
+}  // namespace
 
 std::vector<int32_t> TopKUnprotected(const HeadCandidates& head, int64_t k) {
   const int32_t n = static_cast<int32_t>(head.positions.size());
@@ -18,7 +30,8 @@ std::vector<int32_t> TopKUnprotected(const HeadCandidates& head, int64_t k) {
   if (k <= 0) return {};
   if (k >= static_cast<int64_t>(cand.size())) return cand;
   auto better = [&](int32_t a, int32_t b) {
-    if (head.scores[a] != head.scores[b]) return head.scores[a] > head.scores[b];
+    const float sa = RankKey(head.scores[a]), sb = RankKey(head.scores[b]);
+    if (sa != sb) return sa > sb;
     return head.positions[a] > head.positions[b];
   };
   std::nth_element(cand.begin(), cand.begin() + k, cand.end(), better);
@@ -90,7 +103,7 @@ std::vector<std::vector<int32_t>> SelectPooled(absl::Span<const HeadCandidates> 
     const float inv = mass > 0.0 ? static_cast<float>(1.0 / mass) : 0.0f;
     for (int32_t i = 0; i < n; ++i) {
       if (!c.protect[i]) {
-        entries.push_back({c.scores[i] * inv, c.positions[i], static_cast<int32_t>(h), i});
+        entries.push_back({RankKey(c.scores[i] * inv), c.positions[i], static_cast<int32_t>(h), i});
       }
     }
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -21,16 +22,30 @@ absl::Status SamplingParams::Validate() const {
 }
 
 int32_t Argmax(absl::Span<const float> logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  // The first largest logit, NaN skipped (std::max_element would keep a leading NaN); 0 when
+  // every logit is NaN.
+  int32_t best = -1;
+  for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i) {
+    if (!std::isnan(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
+  }
+  return std::max(best, 0);
 }
 
 int32_t Sampler::Sample(absl::Span<const float> logits) {
   if (params_.temperature == 0.0f) return Argmax(logits);
   const int32_t n = static_cast<int32_t>(logits.size());
-  const float mx = *std::max_element(logits.begin(), logits.end());
+  // The largest logit that is a number; NaN logits (a model loaded with allow_nonfinite) get
+  // probability 0, so that the order below stays a strict weak order. With no finite
+  // logit to weigh, or a +inf among them, the choice is the argmax's.
+  float mx = -std::numeric_limits<float>::infinity();
+  for (const float l : logits) mx = l > mx ? l : mx;
+  if (!std::isfinite(mx)) return Argmax(logits);
   std::vector<double> p(n);
   double sum = 0.0;
-  for (int32_t i = 0; i < n; ++i) sum += p[i] = std::exp((logits[i] - mx) / params_.temperature);
+  for (int32_t i = 0; i < n; ++i) {
+    const double e = std::exp((logits[i] - mx) / params_.temperature);
+    sum += p[i] = std::isnan(e) ? 0.0 : e;
+  }
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   // Descending probability, ties -> lower id: a total order, so the nucleus is well defined.

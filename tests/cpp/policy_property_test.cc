@@ -366,6 +366,24 @@ TEST(PolicyStateTest, UniformTriggerAndArgumentChecks) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// One head (1 layer, 1 kv head, head_dim 4) observing `n` steps, its keys the queries:
+// what the two tests below feed a state before compressing.
+struct RampHead {
+  std::vector<float> keys;
+  std::vector<int32_t> pos;
+  HeadKeys head() const { return {keys.data(), pos.data(), static_cast<int32_t>(pos.size())}; }
+};
+RampHead ObserveRamp(PolicyState& state, int32_t n) {
+  RampHead r;
+  for (int32_t p = 0; p < n; ++p) {
+    const std::vector<float> q = {1.0f, 0.5f * p, -1.0f, 0.25f};
+    r.keys.insert(r.keys.end(), q.begin(), q.end());
+    r.pos.push_back(p);
+    EXPECT_TRUE(state.Observe(0, 0, {p, q.data(), q.data()}, nullptr).ok());
+  }
+  return r;
+}
+
 // Knobs that size per-sequence buffers have no upper bound, so the buffers take memory as a
 // sequence fills them: a state with windows and a beacon buffer of 2^31 - 1 queries is made,
 // observes, compresses and reports its bound, where allocating them up front (32 GB and more
@@ -380,7 +398,7 @@ TEST(PolicyStateTest, UnboundedWindowsTakeMemoryAsTheyFill) {
   snapkv.budget = kHuge;
   snapkv.window = kHuge - 1;
   BeaconConfig beacon;
-  beacon.n_recent = kHuge;
+  beacon.n_recent = kHuge - beacon.n_sinks;  // the budget holds the protected tokens
   beacon.budget = kHuge;
   beacon.buffer_max = kHuge;
   beacon.buffer_min = kHuge - 1;
@@ -388,19 +406,43 @@ TEST(PolicyStateTest, UnboundedWindowsTakeMemoryAsTheyFill) {
        {PolicyConfig(rpc), PolicyConfig(snapkv), PolicyConfig(beacon)}) {
     auto state = NewPolicyState(config, geo, 0);
     ASSERT_TRUE(state.ok()) << PolicyName(config) << ": " << state.status();
-    std::vector<float> keys;
-    std::vector<int32_t> pos;
-    for (int32_t p = 0; p < 40; ++p) {
-      const std::vector<float> q = {1.0f, 0.5f * p, -1.0f, 0.25f};
-      keys.insert(keys.end(), q.begin(), q.end());
-      pos.push_back(p);
-      ASSERT_TRUE((*state)->Observe(0, 0, {p, q.data(), q.data()}, nullptr).ok());
-    }
-    const HeadKeys head{keys.data(), pos.data(), 40};
+    const RampHead ramp = ObserveRamp(**state, 40);
+    const HeadKeys head = ramp.head();
     auto keep = (*state)->Compress(0, absl::MakeConstSpan(&head, 1), std::vector<int32_t>{0}, 39);
     ASSERT_TRUE(keep.ok()) << PolicyName(config) << ": " << keep.status();
     EXPECT_GE((*state)->StateBytes(), int64_t{kHuge - 1} * 4 * static_cast<int64_t>(sizeof(float)))
         << PolicyName(config) << ": the bound, buffers full";
+  }
+}
+
+// Knobs at their registry bound (2^31 - 1) reach sums past 32 bits: the checks, the
+// description and rpc's growing keep target count in 64 bits (UBSan reported signed overflow
+// in each; found by tests/fuzz/policy_fuzz.cc).
+TEST(PolicyStateTest, KnobsAtTheirBoundDoNotOverflow) {
+  constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+  BeaconConfig beacon;
+  beacon.n_recent = kMax;
+  const absl::Status s = ValidatePolicyConfig(beacon);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("n_recent + n_sinks = 2147483651"), std::string::npos) << s;
+  StreamingConfig streaming;
+  streaming.budget = kMax;
+  streaming.interval = 4;
+  EXPECT_NE(DescribePolicy(streaming).trigger.find("2147483651"), std::string::npos);
+
+  RpcConfig rpc;
+  rpc.period = kMax;
+  rpc.ratio = 4;  // keeps 536,870,911 more tokens at every compression
+  PolicyGeometry geo;
+  geo.rope = testing::TestRope(4);
+  auto state = NewPolicyState(rpc, geo, 0);
+  ASSERT_TRUE(state.ok()) << state.status();
+  const RampHead ramp = ObserveRamp(**state, 8);
+  const HeadKeys head = ramp.head();
+  for (int round = 0; round < 6; ++round) {  // the 5th target is past 2^31
+    auto keep = (*state)->Compress(0, absl::MakeConstSpan(&head, 1), std::vector<int32_t>{0}, 7);
+    ASSERT_TRUE(keep.ok()) << keep.status();
+    EXPECT_EQ((*keep)[0].slots.size(), 8u);  // far below the target: everything stays
   }
 }
 

@@ -5,7 +5,8 @@
 // sometimes malformed: a head out of range, null queries, a due list out of order, heads of
 // the wrong number, negative token counts, duplicate positions, null keys. Every call must
 // return a status or keep its promises (never a crash or a sanitizer report):
-//   - Compress: one keep-set per covered head of the layer, slots ascending, unique, in range;
+//   - DueHeads: ascending heads of the layer;
+//   - Compress: at most one keep-set per head of the layer, slots ascending, unique, in range;
 //     the keep-sets are applied to the simulated cache, as the engine applies them;
 //   - PlanScoring: tasks in ascending kv_head order, masks the size of their head, the
 //     uniform plan's keep masks (protected + k picks) accepted by KeepSetsFromMasks, a pooled
@@ -85,18 +86,21 @@ KnobValue AnyKnobValue(FuzzedDataProvider& in, const KnobSpec& knob) {
     }
     case KnobType::kInt: {
       const int64_t lo = knob.min ? static_cast<int64_t>(*knob.min) : -8;
-      const int64_t hi = knob.max ? static_cast<int64_t>(std::min(*knob.max, 1e6)) : 600;
-      switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+      const int64_t hi = knob.max ? static_cast<int64_t>(*knob.max) : lo + 600;
+      switch (in.ConsumeIntegralInRange<int>(0, 9)) {
         case 0:
           return lo - 1;
         case 1:
+          return hi;  // (2^31 - 1 for most: the knobs' own bound)
+        case 2:
           return hi + 1;
         default:
-          return in.ConsumeIntegralInRange<int64_t>(lo, std::min<int64_t>(hi, lo + 600));
+          return in.ConsumeIntegralInRange<int64_t>(lo, std::max(lo, std::min(hi, lo + 600)));
       }
     }
     case KnobType::kFloat: {
-      const double lo = knob.min.value_or(-4.0), hi = std::min(knob.max.value_or(4.0), 1e6);
+      const double lo = knob.min.value_or(-4.0);
+      const double hi = std::max(lo, std::min(knob.max.value_or(lo + 8.0), 1e6));
       switch (in.ConsumeIntegralInRange<int>(0, 9)) {
         case 0:
           return std::numeric_limits<double>::quiet_NaN();
@@ -147,10 +151,10 @@ class Driver {
 
   // One decode step: every head gets the new token's key and observes its queries.
   void Decode(FuzzedDataProvider& in) {
-    // Positions advance one a step, sometimes jump (a re-prefill, a caller's own numbering).
-    position_ = in.ConsumeIntegralInRange<int>(0, 31) == 0
-                    ? in.ConsumeIntegralInRange<int32_t>(-2, position_ + 64)
-                    : position_ + 1;
+    // Positions advance one a step, sometimes jump ahead (a caller's own numbering); they stay
+    // unique, as HeadKeys promises (duplicates are one of the malformed calls).
+    position_ +=
+        in.ConsumeIntegralInRange<int>(0, 31) == 0 ? in.ConsumeIntegralInRange<int32_t>(1, 64) : 1;
     const float base = in.ConsumeFloatingPointInRange<float>(-4.0f, 4.0f);
     const uint32_t seed = in.ConsumeIntegral<uint32_t>();
     const bool special = in.ConsumeIntegralInRange<int>(0, 15) == 0;
