@@ -32,6 +32,12 @@ absl::Status CheckWindowed(std::string_view policy, int32_t budget, int32_t wind
   return CheckKernel(policy, kernel);
 }
 
+// The trigger of a policy whose heads are compressed at budget + interval (64 bits: both
+// knobs may be at their 2^31 - 1 bound).
+std::string HeadTrigger(int32_t budget, int32_t interval) {
+  return absl::StrFormat("head holds budget + interval = %d tokens", int64_t{budget} + interval);
+}
+
 }  // namespace
 
 absl::Status ValidatePolicyConfig(const PolicyConfig& config) {
@@ -162,36 +168,31 @@ PolicyTraits DescribePolicy(const PolicyConfig& config) {
           },
           [](const StreamingConfig& c) {
             return PolicyTraits{"none (position rule)", "none", "none",
-                                absl::StrFormat("head holds budget + interval = %d tokens",
-                                                int64_t{c.budget} + c.interval)};
+                                HeadTrigger(c.budget, c.interval)};
           },
           [](const H2OConfig& c) {
             return PolicyTraits{"post-RoPE, every observed query (prefill and decode), accumulated",
                                 "sum of softmax probabilities over the group's query heads", "none",
-                                absl::StrFormat("head holds budget + interval = %d tokens",
-                                                int64_t{c.budget} + c.interval)};
+                                HeadTrigger(c.budget, c.interval)};
           },
           [](const TovaConfig& c) {
             return PolicyTraits{"post-RoPE, last query only",
                                 GqaReductionName(GqaReduction::kMeanProbs), "none",
-                                absl::StrFormat("head holds budget + interval = %d tokens",
-                                                int64_t{c.budget} + c.interval)};
+                                HeadTrigger(c.budget, c.interval)};
           },
           [](const SnapKvConfig& c) {
             return PolicyTraits{
                 absl::StrFormat("post-RoPE, last %d queries; mean over queries", c.window),
                 GqaReductionName(GqaReduction::kMaxLogits),
                 absl::StrFormat("%s kernel %d", PoolingName(c.pooling), c.pool_kernel),
-                absl::StrFormat("head holds budget + interval = %d tokens",
-                                int64_t{c.budget} + c.interval)};
+                HeadTrigger(c.budget, c.interval)};
           },
           [](const RkvConfig& c) {
             return PolicyTraits{
                 absl::StrFormat("post-RoPE, last %d queries; mean over queries", c.window),
                 GqaReductionName(GqaReduction::kMaxLogits),
                 absl::StrFormat("maxpool kernel %d (importance only)", c.pool_kernel),
-                absl::StrFormat("head holds budget + interval = %d tokens",
-                                int64_t{c.budget} + c.interval)};
+                HeadTrigger(c.budget, c.interval)};
           },
           [](const RpcConfig& c) {
             return PolicyTraits{
@@ -217,8 +218,7 @@ PolicyTraits DescribePolicy(const PolicyConfig& config) {
                 c.pool_kernel > 1 ? absl::StrFormat("maxpool kernel %d", c.pool_kernel)
                                   : std::string("none"),
                 c.budget_mode == BudgetMode::kUniform
-                    ? absl::StrFormat("head holds budget + interval = %d tokens",
-                                      int64_t{c.budget} + c.interval)
+                    ? HeadTrigger(c.budget, c.interval)
                     : absl::StrFormat("layer holds (budget + interval) * num_kv_heads = %d "
                                       "* num_kv_heads tokens",
                                       int64_t{c.budget} + c.interval)};

@@ -68,8 +68,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(static_cast<int64_t>(file->RawBytes(t.name).size()) == t.data_end - t.data_begin);
     }
   }
-  // The setting the model ships: a spec that is returned builds (without a budget, and at
-  // the budget of any user).
+  // The setting the model ships: a spec that is returned builds on its own; with a user's
+  // budget and interval it may be refused (a budget below its protected tokens), not crash.
   absl::StatusOr<std::string> spec = ModelPolicySpecFromJson(config_text, "config.json");
   if (spec.ok() && !spec->empty()) {
     FUZZ_CHECK(BuildPolicyConfig({"model", {}, {}, {}}, *spec).ok());
