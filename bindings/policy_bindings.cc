@@ -19,6 +19,7 @@
 #include "bindings/status_cast.h"
 #include "core/policy.h"
 #include "core/rope.h"
+#include "core/scoring.h"
 #include "engine/model_policy.h"
 
 namespace py = pybind11;
@@ -427,6 +428,18 @@ policy raise ValueError.)doc");
       py::arg("name"),
       "The validated config of a policy by name (or spec), with keyword knob overrides; "
       "unknown names and knobs raise ValueError.");
+  m.def(
+      "round_to_bf16",
+      [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+        py::array_t<float> out(x.request().shape);
+        const float* in = x.data();
+        float* o = out.mutable_data();
+        for (py::ssize_t i = 0; i < x.size(); ++i) o[i] = RoundToBf16(in[i]);
+        return out;
+      },
+      py::arg("x"),
+      "Each element rounded to the nearest bfloat16 (ties to even), as float32: what beacon's "
+      "score_bf16 does to queries and keys before the products.");
   m.def(
       "describe_policy",
       [](py::object policy) {

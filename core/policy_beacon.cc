@@ -121,7 +121,7 @@ class BeaconState final : public PolicyState {
     const bool pooled = config_.budget_mode == BudgetMode::kPooled;
     ScoringPlan shape;
     shape.group_size = 1;
-    shape.spec = {GqaReduction::kMaxProbs, QueryReduction::kMax};
+    shape.spec = Spec();
     shape.pooling = Pooling::kMax;
     shape.pool_kernel = config_.pool_kernel;
     shape.rope_theta = geometry_.rope.rope_theta;
@@ -254,8 +254,13 @@ class BeaconState final : public PolicyState {
                  float* scores) {
     const int32_t d = geometry_.head_dim();
     const int32_t rows = BuildRows(head_index, current_position);
-    AttentionScores(ordered.keys(), 0, ordered.size(), d, queries_.data(), rows, 1,
-                    {GqaReduction::kMaxProbs, QueryReduction::kMax}, scores, &scratch_);
+    AttentionScores(ordered.keys(), 0, ordered.size(), d, queries_.data(), rows, 1, Spec(), scores,
+                    &scratch_);
+  }
+
+  // Max over the rows of their softmax, in bfloat16 products when the config says so.
+  ScoreSpec Spec() const {
+    return {GqaReduction::kMaxProbs, QueryReduction::kMax, config_.score_bf16};
   }
 
   // What follows the scoring, in Compress and in SelectFromScores: pooling, the redundancy

@@ -249,7 +249,9 @@ std::vector<PolicyEntry> MakeRegistry() {
                "> 0)"),
        IntListKnob("blur_layers", &B::blur_layers,
                    "layers whose heads score blurred rows (blur_speed > 0), distinct indices "
-                   "joined by '/' (e.g. 3); empty = every layer")}));
+                   "joined by '/' (e.g. 3); empty = every layer"),
+       BoolKnob("score_bf16", &B::score_bf16,
+                "round queries and keys to bfloat16 before the scores' products (fp32 sums)")}));
   for (size_t i = 0; i < r.size(); ++i) BKV_CHECK(r[i].defaults.index() == i);
   return r;
 }

@@ -164,6 +164,10 @@ struct BeaconConfig {
   // Where blurred rows help is a property of the model, found on its tuning split like the
   // per-layer budgets. Why: docs/results/accuracy.md, "Blurred rows in chosen layers".
   std::vector<int32_t> blur_layers;
+  // True: the scores' products take the queries and keys rounded to bfloat16 (ScoreSpec::bf16,
+  // on the CPU and on the device alike): half the product's instructions with AVX-512 BF16,
+  // the same answers on fresh splits. Why: docs/policies.md, "Scores from bfloat16".
+  bool score_bf16 = true;
 };
 
 // Layer `layer`'s budget per head: `budget` plus the layer's entry of `offsets` (none past

@@ -206,9 +206,10 @@ PolicyTraits DescribePolicy(const PolicyConfig& config) {
           [](const BeaconConfig& c) {
             return PolicyTraits{
                 absl::StrFormat("post-RoPE last %d queries of every query head + %d beacons "
-                                "(pre-RoPE buffer, rotated to the current position); max; "
+                                "(pre-RoPE buffer, rotated to the current position)%s; max; "
                                 "the first %d layer(s) keep an evenly spaced sample first%s",
-                                c.n_recent, c.n_beacons, c.coverage_layers,
+                                c.n_recent, c.n_beacons, c.score_bf16 ? ", scored in bfloat16" : "",
+                                c.coverage_layers,
                                 c.redundancy > 0
                                     ? absl::StrFormat("; the others rank by score - %g x n x "
                                                       "redundancy (cosine > %g)",

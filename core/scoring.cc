@@ -10,6 +10,8 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "core/check.h"
@@ -118,6 +120,41 @@ bool HasAvx512() {
   return __builtin_cpu_supports("avx512f");
 }
 
+// A tile's accumulators times `scale` into tile[r * n16 + j0 + 16 v]; row_max[r] takes the
+// max of those of keys j < n.
+template <int NR, int NV>
+__attribute__((target("avx512f"))) inline void StoreTile(const __m512 (&acc)[NR][NV], int32_t n,
+                                                         float scale, int32_t j0, int32_t n16,
+                                                         float* tile, __m512* row_max) {
+  const __m512 s = _mm512_set1_ps(scale);
+  __mmask16 valid[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const int32_t left = n - (j0 + 16 * v);
+    valid[v] =
+        left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>(left > 0 ? (1u << left) - 1u : 0u);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __m512 x = _mm512_mul_ps(acc[r][v], s);
+      _mm512_storeu_ps(tile + static_cast<size_t>(r) * n16 + j0 + 16 * v, x);
+      row_max[r] = _mm512_mask_max_ps(row_max[r], valid[v], row_max[r], x);
+    }
+  }
+}
+
+// row_max[r] = the largest lane of vmax[r].
+template <int NR>
+__attribute__((target("avx512f"))) inline void RowMaxes(const __m512* vmax, float* row_max) {
+  for (int r = 0; r < NR; ++r) {
+    float lanes[16];  // (_mm512_reduce_max_ps trips GCC 12's -Wuninitialized)
+    _mm512_storeu_ps(lanes, vmax[r]);
+    row_max[r] = *std::max_element(lanes, lanes + 16);
+  }
+}
+
 // Logits of NR (1..4) rows against the keys [j0, j0 + 16 * NV) (NV 1..4), times `scale`,
 // into tile[r * n16 + j]; row_max[r] = max(row_max[r], those of keys j < n).
 template <int NR, int NV>
@@ -142,23 +179,7 @@ __attribute__((target("avx512f"))) inline void LogitTile(const float* kt, int32_
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(kv[v], qb, acc[r][v]);
     }
   }
-  const __m512 s = _mm512_set1_ps(scale);
-  __mmask16 valid[NV];
-#pragma GCC unroll 4
-  for (int v = 0; v < NV; ++v) {
-    const int32_t left = n - (j0 + 16 * v);
-    valid[v] =
-        left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>(left > 0 ? (1u << left) - 1u : 0u);
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < NR; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      const __m512 x = _mm512_mul_ps(acc[r][v], s);
-      _mm512_storeu_ps(tile + static_cast<size_t>(r) * n16 + j0 + 16 * v, x);
-      row_max[r] = _mm512_mask_max_ps(row_max[r], valid[v], row_max[r], x);
-    }
-  }
+  StoreTile<NR, NV>(acc, n, scale, j0, n16, tile, row_max);
 }
 
 // The logits of NR rows against every key into tile; returns each row's largest in row_max.
@@ -183,11 +204,7 @@ __attribute__((target("avx512f"))) void LogitRows(const float* kt, int32_t n, in
     default:
       break;
   }
-  for (int r = 0; r < NR; ++r) {
-    float lanes[16];  // (_mm512_reduce_max_ps trips GCC 12's -Wuninitialized)
-    _mm512_storeu_ps(lanes, vmax[r]);
-    row_max[r] = *std::max_element(lanes, lanes + 16);
-  }
+  RowMaxes<NR>(vmax, row_max);
 }
 
 // ExpApprox's polynomial on 16 lanes, with AVX-512's own steps around it: n = round(x log2 e)
@@ -314,43 +331,175 @@ __attribute__((target("avx512f"))) void TransposeKeys(const float* keys, int32_t
   }
 }
 
-void MaxProbScoresAvx512(const float* keys, int32_t n, int32_t d, const float* queries,
-                         int32_t rows, float* out, ScoreScratch* scratch) {
-  const int32_t n16 = (n + 15) / 16 * 16;
-  scratch->keys_t.resize(static_cast<size_t>(d) * n16);
-  float* kt = scratch->keys_t.data();
-  TransposeKeys(keys, n, d, n16, kt);
+// The fused scorer's row loop: logits(NR, r0, tile, row_max) puts the logits of rows
+// [r0, r0 + NR) (NR 1..4, as std::integral_constant) into tile ([NR][n16]) and their maxima
+// into row_max; FoldRows folds them into the running best; out gets exp of the best.
+template <typename Logits>
+__attribute__((target("avx512f"))) void FoldRowsInFours(int32_t rows, int32_t n, int32_t n16,
+                                                        Logits&& logits, float* out,
+                                                        ScoreScratch* scratch) {
   scratch->logits.resize(static_cast<size_t>(4) * n16);
   float* tile = scratch->logits.data();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   // The running max in the log domain, padded to whole vectors (the padding is never read).
   scratch->row.assign(n16, -std::numeric_limits<float>::infinity());
   float* best = scratch->row.data();
   for (int32_t r0 = 0; r0 < rows; r0 += 4) {
-    const int32_t nr = std::min(4, rows - r0);
-    const float* q = queries + static_cast<size_t>(r0) * d;
     float row_max[4];
-    switch (nr) {
+    switch (std::min(4, rows - r0)) {
       case 4:
-        LogitRows<4>(kt, n, n16, d, q, scale, tile, row_max);
+        logits(std::integral_constant<int, 4>{}, r0, tile, row_max);
         FoldRows<4>(tile, n, n16, row_max, best);
         break;
       case 3:
-        LogitRows<3>(kt, n, n16, d, q, scale, tile, row_max);
+        logits(std::integral_constant<int, 3>{}, r0, tile, row_max);
         FoldRows<3>(tile, n, n16, row_max, best);
         break;
       case 2:
-        LogitRows<2>(kt, n, n16, d, q, scale, tile, row_max);
+        logits(std::integral_constant<int, 2>{}, r0, tile, row_max);
         FoldRows<2>(tile, n, n16, row_max, best);
         break;
       default:
-        LogitRows<1>(kt, n, n16, d, q, scale, tile, row_max);
+        logits(std::integral_constant<int, 1>{}, r0, tile, row_max);
         FoldRows<1>(tile, n, n16, row_max, best);
         break;
     }
   }
   std::copy_n(best, n, out);
   ExpInPlace(out, n);
+}
+
+void MaxProbScoresAvx512(const float* keys, int32_t n, int32_t d, const float* queries,
+                         int32_t rows, float* out, ScoreScratch* scratch) {
+  const int32_t n16 = (n + 15) / 16 * 16;
+  scratch->keys_t.resize(static_cast<size_t>(d) * n16);
+  float* kt = scratch->keys_t.data();
+  TransposeKeys(keys, n, d, n16, kt);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  FoldRowsInFours(
+      rows, n, n16,
+      [&](auto nr, int32_t r0, float* tile, float* row_max) {
+        LogitRows<decltype(nr)::value>(kt, n, n16, d, queries + static_cast<size_t>(r0) * d, scale,
+                                       tile, row_max);
+      },
+      out, scratch);
+}
+
+// ---- bfloat16 products (ScoreSpec::bf16) with AVX-512 BF16 ----
+// Each 32-bit word holds two bfloat16 (dims 2k and 2k + 1 of a vector, the lower one in the
+// low half); vdpbf16ps multiplies 16 such pairs of a key tile by a broadcast pair of a row and
+// adds both products to float32 lanes: 32 products per instruction against the float path's 16.
+bool HasAvx512Bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+}
+
+#define BKV_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// words[k] = the bfloat16 of src[2k] | that of src[2k + 1] << 16, for k < d / 2 (d % 16 == 0):
+// vcvtneps2bf16 rounds to nearest even, with RoundToBf16's NaN and denormal rules.
+BKV_TARGET_BF16 inline void PackPairs(const float* src, int32_t d, int32_t* words) {
+  for (int32_t k = 0; k < d; k += 16) {
+    const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + k));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(words + k / 2),
+                        reinterpret_cast<const __m256i&>(b));
+  }
+}
+
+// LogitTile on pairs: the logits of NR rows (q: [NR][pairs] words) against keys
+// [j0, j0 + 16 NV) (kt: [pairs][n16] words), times scale, into tile; their max into row_max.
+template <int NR, int NV>
+BKV_TARGET_BF16 inline void LogitTileBf16(const int32_t* kt, int32_t n, int32_t n16, int32_t pairs,
+                                          const int32_t* q, float scale, int32_t j0, float* tile,
+                                          __m512* row_max) {
+  __m512 acc[NR][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int32_t k = 0; k < pairs; ++k) {
+    const int32_t* col = kt + static_cast<size_t>(k) * n16 + j0;
+    __m512bh kv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __m512i w = _mm512_loadu_si512(col + 16 * v);
+      kv[v] = reinterpret_cast<const __m512bh&>(w);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512i qw = _mm512_set1_epi32(q[static_cast<size_t>(r) * pairs + k]);
+      const __m512bh qb = reinterpret_cast<const __m512bh&>(qw);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], kv[v], qb);
+    }
+  }
+  StoreTile<NR, NV>(acc, n, scale, j0, n16, tile, row_max);
+}
+
+// LogitRows' walk over the tiles, kept apart so that the BF16 target stays off the float32
+// path (which must run on AVX-512 CPUs without BF16).
+template <int NR>
+BKV_TARGET_BF16 void LogitRowsBf16(const int32_t* kt, int32_t n, int32_t n16, int32_t pairs,
+                                   const int32_t* q, float scale, float* tile, float* row_max) {
+  __m512 vmax[NR];
+  for (int r = 0; r < NR; ++r) vmax[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int32_t j0 = 0;
+  for (; j0 + 64 <= n16; j0 += 64)
+    LogitTileBf16<NR, 4>(kt, n, n16, pairs, q, scale, j0, tile, vmax);
+  switch ((n16 - j0) / 16) {
+    case 3:
+      LogitTileBf16<NR, 3>(kt, n, n16, pairs, q, scale, j0, tile, vmax);
+      break;
+    case 2:
+      LogitTileBf16<NR, 2>(kt, n, n16, pairs, q, scale, j0, tile, vmax);
+      break;
+    case 1:
+      LogitTileBf16<NR, 1>(kt, n, n16, pairs, q, scale, j0, tile, vmax);
+      break;
+    default:
+      break;
+  }
+  RowMaxes<NR>(vmax, row_max);
+}
+
+// MaxProbScoresAvx512 with the products in bfloat16 (d % 32 == 0: a key's pairs transpose in
+// 16 x 16 tiles of words).
+BKV_TARGET_BF16 void MaxProbScoresBf16(const float* keys, int32_t n, int32_t d,
+                                       const float* queries, int32_t rows, float* out,
+                                       ScoreScratch* scratch) {
+  const int32_t n16 = (n + 15) / 16 * 16;
+  const int32_t pairs = d / 2;
+  std::vector<int32_t>& kw = scratch->key_pairs;
+  kw.resize(static_cast<size_t>(n16) * pairs);
+  for (int32_t j = 0; j < n; ++j) {
+    PackPairs(keys + static_cast<size_t>(j) * d, d, kw.data() + static_cast<size_t>(j) * pairs);
+  }
+  std::fill(kw.begin() + static_cast<ptrdiff_t>(n) * pairs, kw.end(), 0);  // padding keys
+  std::vector<int32_t>& kt = scratch->key_pairs_t;
+  kt.resize(static_cast<size_t>(pairs) * n16);
+  for (int32_t j0 = 0; j0 < n16; j0 += 16) {
+    for (int32_t k0 = 0; k0 < pairs; k0 += 16) {
+      // (The transpose moves 32-bit values whatever they hold.)
+      internal::Transpose16x16(
+          reinterpret_cast<const float*>(kw.data() + static_cast<size_t>(j0) * pairs + k0), pairs,
+          reinterpret_cast<float*>(kt.data() + static_cast<size_t>(k0) * n16 + j0), n16);
+    }
+  }
+  std::vector<int32_t>& qw = scratch->query_pairs;
+  qw.resize(static_cast<size_t>(rows) * pairs);
+  for (int32_t r = 0; r < rows; ++r) {
+    PackPairs(queries + static_cast<size_t>(r) * d, d, qw.data() + static_cast<size_t>(r) * pairs);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  FoldRowsInFours(
+      rows, n, n16,
+      [&](auto nr, int32_t r0, float* tile, float* row_max) {
+        LogitRowsBf16<decltype(nr)::value>(kt.data(), n, n16, pairs,
+                                           qw.data() + static_cast<size_t>(r0) * pairs, scale, tile,
+                                           row_max);
+      },
+      out, scratch);
 }
 #endif
 
@@ -431,6 +580,42 @@ void SoftmaxInPlace(float* x, int32_t n) {
   Scale(x, n, 1.0f / sum);
 }
 
+float RoundToBf16(float x) {
+  const auto u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7F800000u) == 0x7F800000u) {  // infinity stays, NaN stays NaN (made quiet)
+    return (u & 0x007FFFFFu) == 0 ? x : std::bit_cast<float>((u | 0x00400000u) & 0xFFFF0000u);
+  }
+  if ((u & 0x7F800000u) == 0) return std::bit_cast<float>(u & 0x80000000u);  // zero, denormal
+  // Add half an ulp of bfloat16 (less one when the kept lsb is 0: ties to even) and truncate;
+  // a carry into the exponent is the correct rounding up, to infinity past the largest.
+  const uint32_t rounded = u + 0x7FFFu + ((u >> 16) & 1u);
+  return std::bit_cast<float>(rounded & 0xFFFF0000u);
+}
+
+namespace internal {
+
+bool HasBf16Conversion() {
+#if defined(__x86_64__)
+  return HasAvx512Bf16();
+#else
+  return false;
+#endif
+}
+
+void ConvertToBf16WithTheCpu(const float* x, int32_t n, float* out) {
+  BKV_CHECK(HasBf16Conversion() && n % 16 == 0);
+#if defined(__x86_64__)
+  std::vector<int32_t> words(n / 2);
+  for (int32_t i = 0; i < n; i += 16) PackPairs(x + i, 16, words.data() + i / 2);
+  for (int32_t i = 0; i < n; ++i) {
+    const auto w = static_cast<uint32_t>(words[i / 2]);
+    out[i] = std::bit_cast<float>(i % 2 == 0 ? w << 16 : w & 0xFFFF0000u);
+  }
+#endif
+}
+
+}  // namespace internal
+
 void AttentionScores(const float* keys, int32_t begin, int32_t end, int32_t head_dim,
                      const float* queries, int32_t num_queries, int32_t group_size,
                      const ScoreSpec& spec, float* out, ScoreScratch* scratch) {
@@ -444,10 +629,33 @@ void AttentionScores(const float* keys, int32_t begin, int32_t end, int32_t head
                          (group_size == 1 || spec.gqa == GqaReduction::kMaxProbs);
 #if defined(__x86_64__)
   static const bool avx512 = HasAvx512();
+  static const bool avx512_bf16 = HasAvx512Bf16();
   // The transposed keys are re-read once per four rows: past L2's reach, the blocked GEMM wins.
   constexpr size_t kFusedMaxKeyBytes = 256 << 10;
-  if (max_probs && avx512 &&
-      static_cast<size_t>(n) * head_dim * sizeof(float) <= kFusedMaxKeyBytes) {
+  const bool fused =
+      max_probs && avx512 && static_cast<size_t>(n) * head_dim * sizeof(float) <= kFusedMaxKeyBytes;
+  if (fused && spec.bf16 && avx512_bf16 && head_dim % 32 == 0) {
+    MaxProbScoresBf16(keys + static_cast<size_t>(begin) * head_dim, n, head_dim, queries, rows, out,
+                      scratch);
+    return;
+  }
+#endif
+  if (spec.bf16) {
+    // Everywhere else the products of the rounded values: exact in float32 like vdpbf16ps's,
+    // summed in another order, so within float32 rounding of the BF16 path.
+    scratch->rounded_keys.resize(static_cast<size_t>(n) * head_dim);
+    scratch->rounded_queries.resize(static_cast<size_t>(rows) * head_dim);
+    std::transform(keys + static_cast<size_t>(begin) * head_dim,
+                   keys + static_cast<size_t>(end) * head_dim, scratch->rounded_keys.begin(),
+                   RoundToBf16);
+    std::transform(queries, queries + static_cast<size_t>(rows) * head_dim,
+                   scratch->rounded_queries.begin(), RoundToBf16);
+    keys = scratch->rounded_keys.data();
+    begin = 0;
+    queries = scratch->rounded_queries.data();
+  }
+#if defined(__x86_64__)
+  if (fused) {
     MaxProbScoresAvx512(keys + static_cast<size_t>(begin) * head_dim, n, head_dim, queries, rows,
                         out, scratch);
     return;

@@ -58,14 +58,37 @@ class OrderedHead {
 struct ScoreSpec {
   GqaReduction gqa = GqaReduction::kMaxProbs;
   QueryReduction query = QueryReduction::kMax;
+  // True: queries and keys are rounded to bfloat16 (RoundToBf16) before the products, which
+  // are then exact in float32 and summed in float32; the softmax and the reductions as
+  // without. On a CPU with AVX-512 BF16 the products take half the instructions.
+  bool bf16 = false;
   bool operator==(const ScoreSpec&) const = default;
 };
+
+// x rounded to the nearest bfloat16 (ties to even), as a float: NaN stays NaN (quiet),
+// infinities stay, a denormal input becomes a zero of its sign (as the AVX-512 BF16
+// conversion does), and a value past bfloat16's largest finite rounds to infinity.
+float RoundToBf16(float x);
+
+namespace internal {
+// For tests: whether this CPU has AVX-512 BF16, and its conversion (vcvtneps2bf16) of n floats
+// (n a multiple of 16), widened back to float: what the fused scorer's bf16 path computes with.
+bool HasBf16Conversion();
+void ConvertToBf16WithTheCpu(const float* x, int32_t n, float* out);
+}  // namespace internal
 
 // Reusable buffers so a compression event allocates once.
 struct ScoreScratch {
   std::vector<float> logits;  // [num_queries * group_size, num_keys]
   std::vector<float> row;     // [num_keys]
   std::vector<float> keys_t;  // keys transposed, [head_dim, num_keys rounded up to 16]
+  // ScoreSpec::bf16: the rounded keys and queries where the scorer needs them as floats, and
+  // the bfloat16 pairs (two per 32-bit word) the AVX-512 BF16 products read.
+  std::vector<float> rounded_keys;
+  std::vector<float> rounded_queries;
+  std::vector<int32_t> key_pairs;    // [num_keys rounded up to 16, head_dim / 2]
+  std::vector<int32_t> key_pairs_t;  // transposed, [head_dim / 2, num_keys rounded up to 16]
+  std::vector<int32_t> query_pairs;  // [rows, head_dim / 2]
 };
 
 // out[j - begin] = reduce_queries(reduce_gqa(softmax over keys [begin, end) of q·k/sqrt(d)))

@@ -40,12 +40,20 @@ __device__ __forceinline__ float4 Load4(const T* p) {
   return make_float4(ToFloat(h[0]), ToFloat(h[1]), ToFloat(h[2]), ToFloat(h[3]));
 }
 
+// x rounded to bfloat16 and back when `round` (PagedScoresShape::bf16), as core RoundToBf16:
+// nearest even, NaN and infinities kept, a denormal input to a zero of its sign.
+__device__ __forceinline__ float MaybeBf16(float x, bool round) {
+  if (!round) return x;
+  if (fabsf(x) < FLT_MIN) return copysignf(0.0f, x);
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+
 // Loads keys [j0, j0 + kKeys) of the head into s.k through the block table (zeros past n),
-// and which of them are scored (not past n, not excluded).
+// and which of them are scored (not past n, not excluded); rounded to bfloat16 when `bf16`.
 template <typename T, int HEAD_DIM>
 __device__ void LoadKeyTile(const T* __restrict__ k_cache, const int32_t* __restrict__ table,
                             const uint8_t* __restrict__ excluded, int32_t block_size, int32_t j0,
-                            int32_t n, Smem<HEAD_DIM>& s) {
+                            int32_t n, bool bf16, Smem<HEAD_DIM>& s) {
   if (threadIdx.x < kKeys) {
     const int32_t j = j0 + threadIdx.x;
     s.scored[threadIdx.x] = j < n && (excluded == nullptr || excluded[j] == 0);
@@ -60,10 +68,10 @@ __device__ void LoadKeyTile(const T* __restrict__ k_cache, const int32_t* __rest
       v = Load4(k_cache + slot * HEAD_DIM + part * 4);
     }
     float* dst = &s.k[key][part * 4];
-    dst[0] = v.x;
-    dst[1] = v.y;
-    dst[2] = v.z;
-    dst[3] = v.w;
+    dst[0] = MaybeBf16(v.x, bf16);
+    dst[1] = MaybeBf16(v.y, bf16);
+    dst[2] = MaybeBf16(v.z, bf16);
+    dst[3] = MaybeBf16(v.w, bf16);
   }
 }
 
@@ -182,7 +190,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // the previous chunk is done with s
     for (int i = threadIdx.x; i < kRows * HEAD_DIM; i += kThreads) {
       const int r = i / HEAD_DIM, d = i % HEAD_DIM;
-      s.q[r][d] = r < rows ? qsrc[int64_t{r} * HEAD_DIM + d] : 0.0f;
+      s.q[r][d] = r < rows ? MaybeBf16(qsrc[int64_t{r} * HEAD_DIM + d], shape.bf16) : 0.0f;
     }
     if (threadIdx.x < kRows) {
       s.row_max[threadIdx.x] = -FLT_MAX;
@@ -191,7 +199,7 @@ __global__ void __launch_bounds__(kThreads)
     // Pass 1: per-row online max and sum of exponentials.
     for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
       __syncthreads();  // s.k and s.p free
-      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
+      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, shape.bf16, s);
       __syncthreads();
       float acc[kMicro][kMicro];
       TileLogits<HEAD_DIM>(s, scale, acc);
@@ -230,7 +238,7 @@ __global__ void __launch_bounds__(kThreads)
     // Pass 2: probabilities, reduced over the group, then over the queries into out.
     for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
       __syncthreads();  // s.k and s.p free; row_sum inverted
-      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
+      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, shape.bf16, s);
       __syncthreads();
       float acc[kMicro][kMicro];
       TileLogits<HEAD_DIM>(s, scale, acc);
@@ -314,7 +322,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // the previous chunk is done with s
     for (int i = threadIdx.x; i < kRows * HEAD_DIM; i += kThreads) {
       const int r = i / HEAD_DIM, d = i % HEAD_DIM;
-      s.q[r][d] = r < rows ? qsrc[int64_t{r} * HEAD_DIM + d] : 0.0f;
+      s.q[r][d] = r < rows ? MaybeBf16(qsrc[int64_t{r} * HEAD_DIM + d], shape.bf16) : 0.0f;
     }
     float row_max[kMicro], row_sum[kMicro];  // rows ty + 16a; the same in all 16 lanes
     for (int a = 0; a < kMicro; ++a) {
@@ -324,7 +332,7 @@ __global__ void __launch_bounds__(kThreads)
     // Pass 1: per-row online max and sum of exponentials, in registers.
     for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
       __syncthreads();  // s.k free
-      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
+      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, shape.bf16, s);
       __syncthreads();
       float acc[kMicro][kMicro];
       TileLogits<HEAD_DIM>(s, scale, acc);
@@ -355,7 +363,7 @@ __global__ void __launch_bounds__(kThreads)
     // Pass 2: probabilities, reduced over the chunk's rows per key, then into out.
     for (int32_t j0 = 0; j0 < n; j0 += kKeys) {
       __syncthreads();  // s.k and the partials free
-      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, s);
+      LoadKeyTile<T, HEAD_DIM>(k_cache, table, skip, shape.block_size, j0, n, shape.bf16, s);
       __syncthreads();
       float acc[kMicro][kMicro];
       TileLogits<HEAD_DIM>(s, scale, acc);

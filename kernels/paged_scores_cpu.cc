@@ -17,6 +17,7 @@ ScoreSpec ToCoreSpec(const PagedScoresShape& s) {
   spec.query = s.query == ScoreQuery::kMean  ? QueryReduction::kMean
                : s.query == ScoreQuery::kSum ? QueryReduction::kSum
                                              : QueryReduction::kMax;
+  spec.bf16 = s.bf16;
   return spec;
 }
 

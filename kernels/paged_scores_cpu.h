@@ -40,6 +40,8 @@ struct PagedScoresShape {
   // CUDA only, group_size 1 only: the kernel that keeps the softmax statistics in registers
   // (same scores to rounding). Off until it has run on a GPU (docs/gpu.md).
   bool register_softmax = false;
+  // Queries and keys rounded to bfloat16 before the products (core ScoreSpec::bf16).
+  bool bf16 = false;
 };
 
 void PagedAttentionScoresCpu(const float* k_cache,          // [num_blocks, block_size, head_dim]

@@ -38,6 +38,7 @@ inline KernelShapes ToKernelShapes(const ScoringShape& shape, const ScoringBatch
   out.scores.query = shape.spec.query == QueryReduction::kMean  ? kernels::ScoreQuery::kMean
                      : shape.spec.query == QueryReduction::kSum ? kernels::ScoreQuery::kSum
                                                                 : kernels::ScoreQuery::kMax;
+  out.scores.bf16 = shape.spec.bf16;
   // Unscored (protected) keys score the pooling's padding, so that pooling all of a head's
   // scores in position order is core Pool1d over the scored ones (they precede the others).
   out.scores.excluded_score =

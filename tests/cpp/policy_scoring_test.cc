@@ -1,7 +1,9 @@
 // The shared scoring pipeline against plain double-precision references: attention scores
 // under every GQA/query reduction, pooling, R-KV redundancy, selection and its tie rule.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
@@ -176,6 +178,86 @@ TEST(AttentionScoresTest, MaxProbsMatchesNaiveWithZeroDimensions) {
       }
     }
     ExpectMaxProbsMatchNaive(keys, n, d, q, nq, 1);
+  }
+}
+
+// RoundToBf16: nearest bfloat16 with ties to even, the special values as the AVX-512 BF16
+// conversion treats them.
+TEST(RoundToBf16Test, NearestEvenAndSpecialValues) {
+  auto f = [](uint32_t bits) { return std::bit_cast<float>(bits); };
+  auto bits = [](float x) { return std::bit_cast<uint32_t>(x); };
+  EXPECT_EQ(RoundToBf16(1.0f), 1.0f);
+  EXPECT_EQ(RoundToBf16(f(0x3F808000)), 1.0f);               // halfway, kept lsb 0: down
+  EXPECT_EQ(bits(RoundToBf16(f(0x3F818000))), 0x3F820000u);  // halfway, kept lsb 1: up
+  EXPECT_EQ(bits(RoundToBf16(f(0x3F808001))), 0x3F810000u);  // past halfway: up
+  EXPECT_EQ(bits(RoundToBf16(f(0x3F807FFF))), 0x3F800000u);  // below halfway: down
+  EXPECT_EQ(bits(RoundToBf16(f(0xBF818000))), 0xBF820000u);  // the sign plays no part
+  EXPECT_EQ(bits(RoundToBf16(f(0x3FFFFFFF))), 0x40000000u);  // a carry into the exponent
+  EXPECT_TRUE(std::isinf(RoundToBf16(std::numeric_limits<float>::max())));  // past the largest
+  EXPECT_EQ(RoundToBf16(std::numeric_limits<float>::infinity()),
+            std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(RoundToBf16(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(RoundToBf16(f(0x7F800001))));       // a NaN whose payload rounds away
+  EXPECT_EQ(bits(RoundToBf16(f(0x00000001))), 0x00000000u);  // denormals: zeros of their sign
+  EXPECT_EQ(bits(RoundToBf16(f(0x807FFFFF))), 0x80000000u);
+  EXPECT_EQ(bits(RoundToBf16(f(0x00800000))), 0x00800000u);  // the smallest normal stays
+}
+
+// RoundToBf16 is the CPU's own conversion bit for bit (where it has AVX-512 BF16), on random
+// bit patterns: normals, denormals, zeros, infinities and NaNs.
+TEST(RoundToBf16Test, IsTheCpusConversion) {
+  if (!internal::HasBf16Conversion()) GTEST_SKIP() << "no AVX-512 BF16 on this CPU";
+  std::mt19937 rng(5);
+  std::vector<float> x(1 << 16), hw(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t u = rng();
+    if (i % 4 == 0) u &= 0x807FFFFFu;   // denormals and zeros
+    if (i % 97 == 0) u |= 0x7F800000u;  // infinities and NaNs
+    x[i] = std::bit_cast<float>(u);
+  }
+  internal::ConvertToBf16WithTheCpu(x.data(), static_cast<int32_t>(x.size()), hw.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float mine = RoundToBf16(x[i]);
+    if (std::isnan(hw[i])) {
+      ASSERT_TRUE(std::isnan(mine)) << std::bit_cast<uint32_t>(x[i]);
+      continue;
+    }
+    ASSERT_EQ(std::bit_cast<uint32_t>(mine), std::bit_cast<uint32_t>(hw[i]))
+        << std::bit_cast<uint32_t>(x[i]);
+  }
+}
+
+// ScoreSpec::bf16: every path (the AVX-512 BF16 products where the CPU has them, the rounded
+// copies elsewhere: GEMM shapes, head_dim 48, the reductions) gives the double reference's
+// scores of the rounded queries and keys, and those differ from the float32 scores.
+TEST(AttentionScoresTest, Bf16ScoresAreThoseOfTheRoundedInputs) {
+  for (const auto& [n, d, g, nq] :
+       {std::tuple{300, 32, 1, 23}, std::tuple{65, 64, 1, 6}, std::tuple{130, 128, 1, 5},
+        std::tuple{1100, 64, 1, 3}, std::tuple{70, 48, 1, 9}, std::tuple{90, 32, 2, 4}}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n << " d " << d << " g " << g << " nq " << nq);
+    std::mt19937 rng(n * 7 + d);
+    const std::vector<float> keys = Random(rng, static_cast<size_t>(n) * d);
+    const std::vector<float> q = Random(rng, static_cast<size_t>(nq) * g * d, 2.0f);
+    std::vector<float> rounded_keys(keys.size()), rounded_q(q.size());
+    std::transform(keys.begin(), keys.end(), rounded_keys.begin(), RoundToBf16);
+    std::transform(q.begin(), q.end(), rounded_q.begin(), RoundToBf16);
+    for (const auto& [gqa, qr] : {std::pair{GqaReduction::kMaxProbs, QueryReduction::kMax},
+                                  std::pair{GqaReduction::kMeanProbs, QueryReduction::kSum},
+                                  std::pair{GqaReduction::kMaxLogits, QueryReduction::kMean}}) {
+      std::vector<float> out(n), plain(n);
+      ScoreScratch scratch;
+      AttentionScores(keys.data(), 0, n, d, q.data(), nq, g, {gqa, qr, /*bf16=*/true}, out.data(),
+                      &scratch);
+      AttentionScores(keys.data(), 0, n, d, q.data(), nq, g, {gqa, qr}, plain.data(), &scratch);
+      const std::vector<double> ref = NaiveScores(rounded_keys, 0, n, d, rounded_q, nq, g, gqa, qr);
+      double moved = 0.0;
+      for (int32_t j = 0; j < n; ++j) {
+        ASSERT_NEAR(out[j], ref[j], 2e-5 * std::max(1.0, ref[j]))
+            << GqaReductionName(gqa) << " / " << QueryReductionName(qr) << " j=" << j;
+        moved = std::max(moved, std::abs(double(plain[j]) - ref[j]) / std::max(1e-3, ref[j]));
+      }
+      EXPECT_GT(moved, 1e-4) << "the rounding changed no score: was it applied?";
+    }
   }
 }
 

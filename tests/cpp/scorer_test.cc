@@ -301,6 +301,11 @@ BeaconConfig BlurIn(BeaconConfig c, std::vector<int32_t> layers) {
   return c;
 }
 
+BeaconConfig Float32Products(BeaconConfig c) {
+  c.score_bf16 = false;
+  return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, PlannedScoringTest,
     ::testing::Values(
@@ -346,7 +351,14 @@ INSTANTIATE_TEST_SUITE_P(
         Params{BlurIn(Beacon(48, 16, 1, 1, false, 0.0, 0.5, 4, false, {}, 0.0, 0.02), {1}),
                Geometry{}, 30},
         Params{BlurIn(Beacon(40, 8, 3, 0, false, 0.0, 0.5, 3, true, {}, 0.0, 0.02), {2, 0}),
-               Geometry{3, 1, 4, 32, 16}, 31}));
+               Geometry{3, 1, 4, 32, 16}, 31},
+        // Every beacon case above scores bfloat16 products (score_bf16, the default; head_dim
+        // 32: the AVX-512 BF16 products where the CPU has them, 8 and 16: rounded copies);
+        // these score float32 ones, uniform, pooled, and with blurred rows.
+        Params{Float32Products(Beacon(40, 8, 5, 2, true)), Geometry{3, 1, 4, 32, 16}, 32},
+        Params{Float32Products(Beacon(48, 16, 1, 1, false, 0.0, 0.5, 4, true)), Geometry{}, 33},
+        Params{Float32Products(Beacon(64, 32, 3, 1, false, 0.0, 0.5, 4, false, {}, 0.0, 0.02)),
+               Geometry{3, 1, 4, 32, 16}, 34}));
 
 // blur_layers: the listed layers' plans are those of blurred rows in every layer, the other
 // layers' those of no blurred rows at all (same queries observed by the three states).

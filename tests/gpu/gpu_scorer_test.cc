@@ -39,6 +39,7 @@ struct Case {
   KvDtype dtype = KvDtype::kFloat32;  // the device store's (the host store holds its values)
   bool redundancy = false;            // rkv's plans: lambda 0.3, threshold 0.9
   bool reserve = false;  // beacon's prompt_slots: every other job has a reserved region
+  bool bf16 = false;     // beacon's score_bf16: products of bfloat16-rounded queries and keys
 };
 
 class GpuScorerTest : public ::testing::TestWithParam<Case> {};
@@ -108,7 +109,7 @@ TEST_P(GpuScorerTest, MatchesThePagedTwin) {
   }
   std::vector<ScoringJob> jobs;
   for (int32_t j = 0; j < jobs_n; ++j) jobs.push_back({tables[j], positions[j], &tasks[j]});
-  ScoringShape shape{c.head_dim, c.block_size,  c.group_size,        {c.gqa, c.query},
+  ScoringShape shape{c.head_dim, c.block_size,  c.group_size,        {c.gqa, c.query, c.bf16},
                      c.pooling,  c.pool_kernel, c.protected_unscored};
   shape.redundancy = c.redundancy;
   shape.rope_theta = 10000.0;
@@ -199,7 +200,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{64, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 1, QueryReduction::kMax, false,
              KvDtype::kFloat32, false, true},
         Case{128, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 3, QueryReduction::kMax, false,
-             KvDtype::kBFloat16, true, true}));
+             KvDtype::kBFloat16, true, true},
+        // beacon's plans with score_bf16, on float32 and bfloat16 device stores
+        Case{32, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 1, QueryReduction::kMax, false,
+             KvDtype::kFloat32, false, true, true},
+        Case{128, 16, 1, GqaReduction::kMaxProbs, Pooling::kMax, 3, QueryReduction::kMax, false,
+             KvDtype::kBFloat16, false, false, true}));
 
 // A pooled beacon plan (every head of the layer a task, k = 0): the device's scores handed to
 // the policy's selection (SelectFromScores) keep what the twin's scores make it keep, but for

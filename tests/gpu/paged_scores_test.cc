@@ -71,37 +71,41 @@ TEST_P(PagedScoresGpuTest, MatchesTheCpuTwin) {
     s.excluded_score = -INFINITY;
   }
   const uint8_t* host_excluded = exclude ? excluded.data() : nullptr;
-  std::vector<float> want(score_offsets.back(), -1.0f);
-  PagedAttentionScoresCpu(k.data(), tables.data(), lengths.data(), table_of_head.data(), q.data(),
-                          query_offsets.data(), score_offsets.data(), host_excluded, s,
-                          want.data());
-
   DeviceBuffer dk(k_bytes), dt(tables), dl(lengths), dh(table_of_head), dq(q), dqo(query_offsets),
-      dso(score_offsets), dx(excluded), dout(want.size() * sizeof(float));
-  // max_queries: unknown (one block per head), the true most (129), too few (70: a block takes
-  // several chunks) and too many (blocks with no chunk). With query == kMax the last three
-  // spread heads over several blocks; every value must give the same scores. Each also with
-  // the register-softmax kernel (group_size 1 only; ignored otherwise).
-  for (int variant = 0; variant < 8; ++variant) {
-    const int32_t max_queries = std::vector<int32_t>{0, 129, 70, 1000}[variant % 4];
-    SCOPED_TRACE(::testing::Message()
-                 << "max_queries " << max_queries << " register_softmax " << (variant >= 4));
-    s.max_queries = max_queries;
-    s.register_softmax = variant >= 4;
-    ASSERT_EQ(cudaMemset(dout.as<float>(), 0xff, want.size() * sizeof(float)), cudaSuccess);
-    ASSERT_EQ(
-        PagedAttentionScores(dk.as<void>(), dtype, dt.as<int32_t>(), dl.as<int32_t>(),
-                             dh.as<int32_t>(), dq.as<float>(), dqo.as<int32_t>(), dso.as<int32_t>(),
-                             exclude ? dx.as<uint8_t>() : nullptr, s, dout.as<float>(), nullptr),
-        cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> got = ToHost(dout.as<float>(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (excluded[i]) {
-        ASSERT_EQ(got[i], s.excluded_score) << "score " << i;
-        continue;
+      dso(score_offsets), dx(excluded), dout(score_offsets.back() * sizeof(float));
+  // Each shape with float32 products and with bfloat16 ones (queries and keys rounded first).
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "bf16 " << bf16);
+    s.bf16 = bf16;
+    std::vector<float> want(score_offsets.back(), -1.0f);
+    PagedAttentionScoresCpu(k.data(), tables.data(), lengths.data(), table_of_head.data(), q.data(),
+                            query_offsets.data(), score_offsets.data(), host_excluded, s,
+                            want.data());
+    // max_queries: unknown (one block per head), the true most (129), too few (70: a block
+    // takes several chunks) and too many (blocks with no chunk). With query == kMax the last
+    // three spread heads over several blocks; every value must give the same scores. Each also
+    // with the register-softmax kernel (group_size 1 only; ignored otherwise).
+    for (int variant = 0; variant < 8; ++variant) {
+      const int32_t max_queries = std::vector<int32_t>{0, 129, 70, 1000}[variant % 4];
+      SCOPED_TRACE(::testing::Message()
+                   << "max_queries " << max_queries << " register_softmax " << (variant >= 4));
+      s.max_queries = max_queries;
+      s.register_softmax = variant >= 4;
+      ASSERT_EQ(cudaMemset(dout.as<float>(), 0xff, want.size() * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(PagedAttentionScores(dk.as<void>(), dtype, dt.as<int32_t>(), dl.as<int32_t>(),
+                                     dh.as<int32_t>(), dq.as<float>(), dqo.as<int32_t>(),
+                                     dso.as<int32_t>(), exclude ? dx.as<uint8_t>() : nullptr, s,
+                                     dout.as<float>(), nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> got = ToHost(dout.as<float>(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (excluded[i]) {
+          ASSERT_EQ(got[i], s.excluded_score) << "score " << i;
+          continue;
+        }
+        ASSERT_NEAR(got[i], want[i], 1e-6f + 2e-4f * std::abs(want[i])) << "score " << i;
       }
-      ASSERT_NEAR(got[i], want[i], 1e-6f + 2e-4f * std::abs(want[i])) << "score " << i;
     }
   }
 }

@@ -195,6 +195,20 @@ def blurred_rows(beacons, blur_pairs, count):
     return rows
 
 
+def round_bf16(x):
+    """x rounded to the nearest bfloat16 (ties to even), as float32: NaN stays NaN,
+    infinities stay, denormals become zeros of their sign (core RoundToBf16)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    exp = u & np.uint32(0x7F800000)
+    nan = (exp == np.uint32(0x7F800000)) & ((u & np.uint32(0x007FFFFF)) != 0)
+    ok = ~nan  # (a negative NaN would wrap the addition below)
+    up = np.where(ok, u, 0) + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+    r = up & np.uint32(0xFFFF0000)
+    r = np.where(exp == 0, u & np.uint32(0x80000000), r)
+    r = np.where(nan, (u | np.uint32(0x00400000)) & np.uint32(0xFFFF0000), r)
+    return r.astype(np.uint32).view(np.float32)
+
+
 def beacon_scores(keys, recent_queries, beacons, pool_kernel=1):
     """max over recent queries (all group heads) and beacons of softmax attention."""
     d = keys.shape[-1]

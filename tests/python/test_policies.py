@@ -118,22 +118,37 @@ def test_snapkv_and_rkv_match_numpy(seed):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("coverage_layers", [0, 1])
-def test_beacon_matches_numpy(seed, coverage_layers):
+@pytest.mark.parametrize("score_bf16", [False, True])
+def test_beacon_matches_numpy(seed, coverage_layers, score_bf16):
+    # score_bf16: the twin scores the rounded keys, recent queries and rotated beacons.
     d, g, theta = 32, 2, 1e6
     keys, pre, post = random_head(20 + seed, n=257, d=d, g=g, steps=90)
     buf = ref.BeaconBuffer(d, buffer_min=16, buffer_max=48)
     for step in pre:
         buf.append(step)
     beacons = buf.beacons(8, 256, theta)
-    want = ref.beacon_keep(keys, post[-16:], beacons, 96, prompt_len=7, n_recent=16,
+    r = ref.round_bf16 if score_bf16 else (lambda x: x)
+    want = ref.beacon_keep(r(keys), r(post[-16:]), r(beacons), 96, prompt_len=7, n_recent=16,
                            protect_prompt=True, pool_kernel=3, coverage=coverage_layers > 0)
     got = beaconkv.run_policy(  # run_policy compresses layer 0
         beaconkv.BeaconConfig(budget=96, n_recent=16, n_beacons=8, buffer_min=16, buffer_max=48,
                               protect_prompt=True, pool_kernel=3,
-                              coverage_layers=coverage_layers),
+                              coverage_layers=coverage_layers, score_bf16=score_bf16),
         keys, np.arange(257), prompt_len=7, queries_pre=pre, queries_post=post,
         rope_theta=theta)
     np.testing.assert_array_equal(got, want)
+
+
+def test_round_bf16_twin_matches_the_core():
+    # The twin's rounding is the core's (RoundToBf16), bit for bit, special values included.
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**32, size=20000, dtype=np.uint64).astype(np.uint32)
+    bits[:4000] &= np.uint32(0x807FFFFF)  # denormals and zeros
+    x = bits.view(np.float32)
+    got = beaconkv.round_to_bf16(x)
+    want = ref.round_bf16(x)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), x[~same][:5]
 
 
 @pytest.mark.parametrize("radius,blur", [(0.0, 0.0), (0.75, 0.0), (0.0, 0.05)])
@@ -180,14 +195,16 @@ def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_sl
             if m == draw_on_fill:
                 beacons = buf.beacons(12, p, theta)
                 short_draws += int(len(beacons) < 12)
-                keep = functools.partial(ref.beacon_keep, keys[m], np.stack(recent), budget=40,
-                                         prompt_len=prompt, n_recent=8, n_sinks=2,
+                # (The defaults score products of bfloat16-rounded inputs: score_bf16.)
+                bf = ref.round_bf16
+                keep = functools.partial(ref.beacon_keep, bf(keys[m]), bf(np.stack(recent)),
+                                         budget=40, prompt_len=prompt, n_recent=8, n_sinks=2,
                                          prompt_slots=prompt_slots, positions=pos[m])
                 rows = np.concatenate([beacons, ref.blurred_rows(beacons, blur_pairs, 5)]) \
                     if blur else beacons
-                want = keep(rows)
+                want = keep(bf(rows))
                 np.testing.assert_array_equal(np.sort(slots), np.sort(want), f"step {p}")
-                blur_moved += int(blur > 0 and set(want) != set(keep(beacons)))
+                blur_moved += int(blur > 0 and set(want) != set(keep(bf(beacons))))
                 compressions += 1
             kept_sets[m].append(pos[m][slots].tolist())
             keys[m], pos[m] = keys[m][slots], pos[m][slots]
