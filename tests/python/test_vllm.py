@@ -85,11 +85,20 @@ def max_logprob_gap(ref: dict, ours: dict) -> tuple[float, float]:
     return first, later
 
 
+# The comparisons with our engine below score float32 products. With beacon's default
+# bfloat16 products (score_bf16) vLLM's model and ours, whose queries differ by ~1e-7, round
+# some of them to neighbouring bfloat16 values, and keep-sets drift apart later in a trace
+# more often than the bounds allow (2026-12-06: after step 256 a logprob gap of 0.08 against
+# 1e-2, and 0.70 against 0.25 with the count bias; the outputs stayed identical, 16/16 and 8/8).
+FLOAT32 = {"score_bf16": False}
+
+
 @pytest.fixture(scope="module")
 def engine_refs(tok):
-    """Our engine on 16 dev problems: beacon at 158, and the full cache."""
+    """Our engine on 16 dev problems: beacon at 158 (float32 products), and the full cache."""
     prompts = dev_prompts(tok, 16)
-    return (prompts, engine_run(beaconkv.make_policy_config("beacon", 158), prompts, 1200),
+    return (prompts,
+            engine_run(beaconkv.make_policy_config("beacon", 158, knobs=FLOAT32), prompts, 1200),
             engine_run("full", prompts, 1200))
 
 
@@ -120,7 +129,8 @@ def check_against_engine(ours, engine_refs, label, later_bound=1e-2, other_gap=1
 
 def test_beacon_matches_our_engine_end_to_end(tmp_path, engine_refs):
     prompts = engine_refs[0]
-    ours = run_vllm(tmp_path, "beacon", beaconkv={"policy": "beacon", "budget": 158},
+    ours = run_vllm(tmp_path, "beacon",
+                    beaconkv={"policy": "beacon", "budget": 158, "knobs": FLOAT32},
                     prompts=prompts, max_tokens=[1200] * len(prompts), logprobs=3)
     assert ours["stats"]["tokens_evicted"] > 0  # the policy really evicted
     assert ours["integrity"] == "ok" and ours["used_blocks_at_end"] == 0
@@ -134,7 +144,8 @@ def test_beacon_with_the_paged_scorer_matches_our_engine(tmp_path, engine_refs):
     twin, inside vLLM; the same decisions as our engine's host scoring."""
     prompts = engine_refs[0]
     ours = run_vllm(tmp_path, "beacon_paged",
-                    beaconkv={"policy": "beacon", "budget": 158, "scorer": "paged"},
+                    beaconkv={"policy": "beacon", "budget": 158, "knobs": FLOAT32,
+                              "scorer": "paged"},
                     prompts=prompts, max_tokens=[1200] * len(prompts), logprobs=3)
     assert ours["stats"]["tokens_evicted"] > 0
     assert ours["integrity"] == "ok" and ours["used_blocks_at_end"] == 0
@@ -218,7 +229,8 @@ def test_beacon_across_processes_matches_our_engine(tmp_path, engine_refs):
     """vLLM's default layout: scheduler and model in separate processes, pool operations and
     keep-sets carried by the BeaconKVConnector."""
     prompts = engine_refs[0]
-    ours = run_vllm(tmp_path, "beacon_mp", beaconkv={"policy": "beacon", "budget": 158},
+    ours = run_vllm(tmp_path, "beacon_mp",
+                    beaconkv={"policy": "beacon", "budget": 158, "knobs": FLOAT32},
                     prompts=prompts, max_tokens=[1200] * len(prompts), logprobs=3,
                     multiprocess=True)
     check_against_engine(ours, engine_refs, "beacon@158, multi-process")
@@ -231,7 +243,7 @@ def test_beacon_with_count_bias_matches_our_engine(tmp_path, tok, multiprocess):
     setting of docs/results/accuracy.md ("The count bias"), against our engine with the same
     knobs; without the bias the logits would differ by far more than the bound."""
     prompts = dev_prompts(tok, 8)
-    knobs = {"interval": 8, "redundancy": 0.7, "count_bias": True}
+    knobs = {"interval": 8, "redundancy": 0.7, "count_bias": True, **FLOAT32}
     refs = (prompts,
             engine_run(beaconkv.make_policy_config("beacon", 120, knobs=knobs), prompts, 1200),
             engine_run(beaconkv.make_policy_config(
