@@ -151,11 +151,13 @@ BENCHMARK(BM_BeaconObserveStep)->Unit(benchmark::kMicrosecond)->Iterations(480);
 // BeaconKV's scoring of one head: `rows` observation rows (recent queries + beacons) against
 // `n` keys, max over rows of the softmax probability. The last `blurred` rows have their six
 // fastest RoPE pairs zeroed, as blurred beacon rows (blur_speed = 0.02 on the tiny reasoners).
+// bf16 = 1: products of bfloat16 inputs (score_bf16, beacon's default).
 void BM_AttentionScores(benchmark::State& bench) {
   const auto rows = static_cast<int32_t>(bench.range(0));
   const auto n = static_cast<int32_t>(bench.range(1));
   const auto d = static_cast<int32_t>(bench.range(2));
   const auto blurred = static_cast<int32_t>(bench.range(3));
+  const bool bf16 = bench.range(4) != 0;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> keys(static_cast<size_t>(n) * d), queries(static_cast<size_t>(rows) * d);
@@ -170,18 +172,19 @@ void BM_AttentionScores(benchmark::State& bench) {
   ScoreScratch scratch;
   for (auto _ : bench) {
     AttentionScores(keys.data(), 0, n, d, queries.data(), rows, 1,
-                    {GqaReduction::kMaxProbs, QueryReduction::kMax}, out.data(), &scratch);
+                    {GqaReduction::kMaxProbs, QueryReduction::kMax, bf16}, out.data(), &scratch);
     benchmark::DoNotOptimize(out.data());
   }
 }
 
 BENCHMARK(BM_AttentionScores)
-    ->ArgNames({"rows", "keys", "dim", "blurred"})
-    ->Args({352, 128, 32, 0})
-    ->Args({352, 256, 32, 0})
-    ->Args({352, 257, 32, 0})
-    ->Args({480, 256, 32, 128})
-    ->Args({448, 2176, 128, 0})
+    ->ArgNames({"rows", "keys", "dim", "blurred", "bf16"})
+    ->Args({352, 128, 32, 0, 0})
+    ->Args({352, 160, 32, 0, 1})
+    ->Args({352, 256, 32, 0, 0})
+    ->Args({352, 257, 32, 0, 0})
+    ->Args({480, 256, 32, 128, 0})
+    ->Args({448, 2176, 128, 0, 0})
     ->Unit(benchmark::kMicrosecond);
 
 // One cosine FPS (the beacon buffer's reduction and beacon draw): points, head_dim, picks.

@@ -113,8 +113,15 @@ BKV_MULTIVERSION void AddInto(float* acc, const float* x, int32_t n) {
 // padded), then four rows at a time are multiplied against 64-key tiles held in sixteen
 // accumulators (one load of each key vector serves four rows), so the logits of those rows
 // land in a [4][n16] buffer that stays in L1, and each row's log-sum-exp and its max into
-// `out` read it from there. (OpenBLAS on these shapes, 352 x 128 x 32, spent most of its time
-// zeroing C and synchronising threads.)
+// `out` read it from there (in base 2, so each exponential is a short one: Exp2Approx16). (OpenBLAS
+// on these shapes, 352 x 128 x 32, spent most of its time zeroing C and synchronising threads.)
+constexpr float kLog2E = 1.44269504088896341f;
+
+// The fused scorers' logits are in base 2: q . k / sqrt(d) times log2 e, one rounding.
+inline float Base2Scale(int32_t d) {
+  return static_cast<float>(1.44269504088896341 / std::sqrt(static_cast<double>(d)));
+}
+
 bool HasAvx512() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f");
@@ -148,10 +155,17 @@ __attribute__((target("avx512f"))) inline void StoreTile(const __m512 (&acc)[NR]
 // row_max[r] = the largest lane of vmax[r].
 template <int NR>
 __attribute__((target("avx512f"))) inline void RowMaxes(const __m512* vmax, float* row_max) {
+  // Halving steps, with the zero-masked extracts: _mm512_reduce_max_ps and the unmasked
+  // extracts trip GCC 12's -Wuninitialized (their undefined source operand). A NaN lane may
+  // or may not win; either way the row's sum is NaN and FoldRows leaves the best as it was.
   for (int r = 0; r < NR; ++r) {
-    float lanes[16];  // (_mm512_reduce_max_ps trips GCC 12's -Wuninitialized)
-    _mm512_storeu_ps(lanes, vmax[r]);
-    row_max[r] = *std::max_element(lanes, lanes + 16);
+    const __m512d x = _mm512_castps_pd(vmax[r]);
+    const __m256 h = _mm256_max_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, x, 0)),
+                                   _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, x, 1)));
+    __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_max_ss(q, _mm_movehdup_ps(q));
+    row_max[r] = _mm_cvtss_f32(q);
   }
 }
 
@@ -207,22 +221,21 @@ __attribute__((target("avx512f"))) void LogitRows(const float* kt, int32_t n, in
   RowMaxes<NR>(vmax, row_max);
 }
 
-// ExpApprox's polynomial on 16 lanes, with AVX-512's own steps around it: n = round(x log2 e)
-// by roundscale, and 2^n applied by scalef (which also takes x below -87 to 0 or a
-// denormal, where ExpApprox clamps): five fewer instructions per vector.
-__attribute__((target("avx512f"))) inline __m512 ExpApprox16(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 e = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(e, n);
+// 2^x on 16 lanes (relative error below 2e-7): x = n + r with n = round(x) (roundscale) and
+// r = x - n in [-1/2, 1/2] exactly, 2^r by a degree-5 polynomial fitted to the relative error
+// on that interval, then 2^n applied by scalef (which also takes x below -126 to a denormal or
+// 0). The fused scorer works in base 2 (its logits carry the factor log2 e) so an exponential
+// costs eight instructions: no multiply by log2 e and no two-part reduction by ln 2.
+__attribute__((target("avx512f"))) inline __m512 Exp2Approx16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.326452475041151e-3f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.671450592577457e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550733581185341e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022242426872253e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931470036506653e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
 }
 
 // Natural log on 16 lanes of positive normal floats: x = m 2^e with m in [sqrt(1/2),
@@ -247,20 +260,21 @@ __attribute__((target("avx512f"))) inline __m512 LogApprox16(__m512 x) {
   return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693359375f), _mm512_add_ps(y, r));
 }
 
-// sum over j < n of exp(row[j] - shift); row is padded to a multiple of 16.
-__attribute__((target("avx512f"))) float ExpShiftSum16(const float* row, int32_t n, float shift) {
+// sum over j < n of 2^(row[j] - shift); row is padded to a multiple of 16.
+__attribute__((target("avx512f"))) float Exp2ShiftSum16(const float* row, int32_t n, float shift) {
   const __m512 s = _mm512_set1_ps(shift);
   __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
   int32_t j = 0;
   for (; j + 32 <= n; j += 32) {
-    a0 = _mm512_add_ps(a0, ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + j), s)));
-    a1 = _mm512_add_ps(a1, ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), s)));
+    a0 = _mm512_add_ps(a0, Exp2Approx16(_mm512_sub_ps(_mm512_loadu_ps(row + j), s)));
+    a1 = _mm512_add_ps(a1, Exp2Approx16(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), s)));
   }
   for (; j < n; j += 16) {
     const int32_t left = n - j;
     const __mmask16 valid =
         left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1u);
-    a0 = _mm512_mask_add_ps(a0, valid, a0, ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + j), s)));
+    a0 =
+        _mm512_mask_add_ps(a0, valid, a0, Exp2Approx16(_mm512_sub_ps(_mm512_loadu_ps(row + j), s)));
   }
   float lanes[16];  // (_mm512_reduce_add_ps trips GCC 12's -Wuninitialized)
   _mm512_storeu_ps(lanes, _mm512_add_ps(a0, a1));
@@ -269,9 +283,9 @@ __attribute__((target("avx512f"))) float ExpShiftSum16(const float* row, int32_t
   return sum;
 }
 
-// The NR rows of `tile` ([NR][n16], n keys): each row's log-sum-exp (its largest logit in
-// row_max[r], then one vector log for all NR), then best[j] = max(best[j], row[j] - lse) over
-// the NR rows in one pass over `best` (padded to n16 like the rows).
+// The NR rows of `tile` ([NR][n16], n keys, logits in base 2): each row's log2-sum-exp2 (its
+// largest logit in row_max[r], then one vector log for all NR), then best[j] = max(best[j],
+// row[j] - lse) over the NR rows in one pass over `best` (padded to n16 like the rows).
 template <int NR>
 __attribute__((target("avx512f"))) void FoldRows(const float* tile, int32_t n, int32_t n16,
                                                  const float* row_max, float* best) {
@@ -280,11 +294,12 @@ __attribute__((target("avx512f"))) void FoldRows(const float* tile, int32_t n, i
   std::fill_n(sums, 16, 1.0f);
   std::fill_n(maxes, 16, 0.0f);
   for (int r = 0; r < NR; ++r) {
-    sums[r] = ExpShiftSum16(tile + static_cast<size_t>(r) * n16, n, row_max[r]);
+    sums[r] = Exp2ShiftSum16(tile + static_cast<size_t>(r) * n16, n, row_max[r]);
     maxes[r] = row_max[r];
   }
   alignas(64) float lse[16];
-  _mm512_store_ps(lse, _mm512_add_ps(_mm512_load_ps(maxes), LogApprox16(_mm512_load_ps(sums))));
+  _mm512_store_ps(lse, _mm512_fmadd_ps(LogApprox16(_mm512_load_ps(sums)), _mm512_set1_ps(kLog2E),
+                                       _mm512_load_ps(maxes)));
   __m512 shift[NR];
   for (int r = 0; r < NR; ++r) shift[r] = _mm512_set1_ps(lse[r]);
   for (int32_t j = 0; j < n16; j += 16) {
@@ -364,8 +379,13 @@ __attribute__((target("avx512f"))) void FoldRowsInFours(int32_t rows, int32_t n,
         break;
     }
   }
-  std::copy_n(best, n, out);
-  ExpInPlace(out, n);
+  // out = 2^best: the softmax probability of the row that gives each key its largest.
+  for (int32_t j = 0; j < n; j += 16) {
+    const int32_t left = n - j;
+    const __mmask16 valid =
+        left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1u);
+    _mm512_mask_storeu_ps(out + j, valid, Exp2Approx16(_mm512_loadu_ps(best + j)));
+  }
 }
 
 void MaxProbScoresAvx512(const float* keys, int32_t n, int32_t d, const float* queries,
@@ -374,7 +394,7 @@ void MaxProbScoresAvx512(const float* keys, int32_t n, int32_t d, const float* q
   scratch->keys_t.resize(static_cast<size_t>(d) * n16);
   float* kt = scratch->keys_t.data();
   TransposeKeys(keys, n, d, n16, kt);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = Base2Scale(d);
   FoldRowsInFours(
       rows, n, n16,
       [&](auto nr, int32_t r0, float* tile, float* row_max) {
@@ -491,7 +511,7 @@ BKV_TARGET_BF16 void MaxProbScoresBf16(const float* keys, int32_t n, int32_t d,
   for (int32_t r = 0; r < rows; ++r) {
     PackPairs(queries + static_cast<size_t>(r) * d, d, qw.data() + static_cast<size_t>(r) * pairs);
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = Base2Scale(d);
   FoldRowsInFours(
       rows, n, n16,
       [&](auto nr, int32_t r0, float* tile, float* row_max) {
