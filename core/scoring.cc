@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "core/check.h"
 #include "core/multiversion.h"
+#include "core/selection.h"
 #include "core/transpose16.h"
 
 namespace beaconkv {
@@ -568,21 +569,9 @@ OrderedHead::OrderedHead(const HeadKeys& head, int32_t head_dim)
       positions_(head.positions) {
   BKV_CHECK(num_tokens_ >= 0);
   if (std::is_sorted(head.positions, head.positions + num_tokens_)) return;
-  // (position, slot) packed in one integer: a plain integer sort, ties (which positions do
-  // not have) to the lower slot as the stable order would.
-  std::vector<uint64_t> packed(num_tokens_);
-  for (int32_t i = 0; i < num_tokens_; ++i) {
-    packed[i] =
-        (static_cast<uint64_t>(static_cast<uint32_t>(head.positions[i]) ^ 0x80000000u) << 32) |
-        static_cast<uint32_t>(i);
-  }
-  std::sort(packed.begin(), packed.end());
-  order_.resize(num_tokens_);
+  PositionOrder(absl::MakeConstSpan(head.positions, num_tokens_), &order_);
   sorted_pos_.resize(num_tokens_);
-  for (int32_t i = 0; i < num_tokens_; ++i) {
-    order_[i] = static_cast<int32_t>(packed[i] & 0xFFFFFFFFu);
-    sorted_pos_[i] = head.positions[order_[i]];
-  }
+  for (int32_t i = 0; i < num_tokens_; ++i) sorted_pos_[i] = head.positions[order_[i]];
   positions_ = sorted_pos_.data();
   if (head.keys == nullptr) return;  // positions only (planning for an external scorer)
   gathered_.resize(static_cast<size_t>(num_tokens_) * head_dim);

@@ -1,8 +1,11 @@
 #include "core/selection.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "core/check.h"
 
@@ -18,6 +21,39 @@ float RankKey(float score) {
 
 }  // namespace
 
+void PositionOrder(absl::Span<const int32_t> positions, std::vector<int32_t>* order) {
+  const auto n = static_cast<int32_t>(positions.size());
+  order->resize(n);
+  if (n == 0) return;
+  const auto [lo, hi] = std::minmax_element(positions.begin(), positions.end());
+  const int64_t min = *lo;
+  if (int64_t{*hi} - min >= (int64_t{1} << 16)) {
+    // (position, index) in one integer: a plain integer sort.
+    std::vector<uint64_t> packed(n);
+    for (int32_t i = 0; i < n; ++i) {
+      packed[i] =
+          static_cast<uint64_t>(int64_t{positions[i]} - min) << 32 | static_cast<uint32_t>(i);
+    }
+    std::sort(packed.begin(), packed.end());
+    for (int32_t i = 0; i < n; ++i) (*order)[i] = static_cast<int32_t>(packed[i] & 0xFFFFFFFFu);
+    return;
+  }
+  // Least significant digit first; each pass is stable, so equal positions stay in index order.
+  std::vector<int32_t> low_first(n);
+  auto digit = [&](int32_t i, int shift) {
+    return static_cast<uint32_t>(int64_t{positions[i]} - min) >> shift & 0xFFu;
+  };
+  auto pass = [&](const int32_t* in, int32_t* out, int shift) {
+    std::array<int32_t, 257> start{};
+    for (int32_t j = 0; j < n; ++j) ++start[digit(in[j], shift) + 1];
+    for (int b = 0; b < 256; ++b) start[b + 1] += start[b];
+    for (int32_t j = 0; j < n; ++j) out[start[digit(in[j], shift)]++] = in[j];
+  };
+  std::iota(order->begin(), order->end(), 0);
+  pass(order->data(), low_first.data(), 0);
+  pass(low_first.data(), order->data(), 8);
+}
+
 std::vector<int32_t> TopKUnprotected(const HeadCandidates& head, int64_t k) {
   const int32_t n = static_cast<int32_t>(head.positions.size());
   BKV_CHECK(head.protect.size() == head.positions.size());
@@ -29,12 +65,24 @@ std::vector<int32_t> TopKUnprotected(const HeadCandidates& head, int64_t k) {
   }
   if (k <= 0) return {};
   if (k >= static_cast<int64_t>(cand.size())) return cand;
-  auto better = [&](int32_t a, int32_t b) {
-    const float sa = RankKey(head.scores[a]), sb = RankKey(head.scores[b]);
-    if (sa != sb) return sa > sb;
-    return head.positions[a] > head.positions[b];
+  // (score, position) as one integer that orders as the pair does, so the selection compares
+  // integers: RankKey's score (-0 made +0, so that the zeros tie as they compare) with its
+  // bits flipped into unsigned order, then the position offset to unsigned.
+  struct Keyed {
+    uint64_t key;
+    int32_t index;
   };
-  std::nth_element(cand.begin(), cand.begin() + k, cand.end(), better);
+  std::vector<Keyed> keyed(cand.size());
+  for (size_t c = 0; c < cand.size(); ++c) {
+    const int32_t i = cand[c];
+    const auto bits = std::bit_cast<uint32_t>(RankKey(head.scores[i]) + 0.0f);
+    const uint32_t ordered = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+    const uint32_t position = static_cast<uint32_t>(head.positions[i]) ^ 0x80000000u;
+    keyed[c] = {uint64_t{ordered} << 32 | position, i};
+  }
+  std::nth_element(keyed.begin(), keyed.begin() + k, keyed.end(),
+                   [](const Keyed& a, const Keyed& b) { return a.key > b.key; });
+  for (int64_t c = 0; c < k; ++c) cand[c] = keyed[c].index;
   cand.resize(k);
   return cand;
 }

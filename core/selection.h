@@ -17,6 +17,12 @@ struct HeadCandidates {
   absl::Span<const float> scores;       // [n]; read only where protect == 0
 };
 
+// order = the indexes 0..n-1 sorted by positions[i] (ascending; equal positions, which a head
+// does not hold, by index). A two-pass radix sort on 8-bit digits when the positions span
+// fewer than 2^16 values (a compression's 160 tokens: a few hundred simple steps where a
+// comparison sort mispredicts a branch per step), std::sort otherwise.
+void PositionOrder(absl::Span<const int32_t> positions, std::vector<int32_t>* order);
+
 // The `k` best unprotected indexes by (score desc, position desc), in no particular order.
 std::vector<int32_t> TopKUnprotected(const HeadCandidates& head, int64_t k);
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -414,6 +415,52 @@ TEST(CoverageTest, SampleIsEvenlySpreadOverTheRange) {
   for (size_t j = 0; j < got.size(); ++j) EXPECT_EQ(got[j], static_cast<int32_t>(20 * j));
 }
 
+// PositionOrder is a stable sort of the indexes by position, on both of its paths: the radix
+// sort (positions spanning < 2^16 values, negative ones included, and a compacted head's
+// shape: a sorted run with the newest tokens moved into its holes) and the comparison sort
+// (wider spans); equal positions keep index order. OrderedHead puts keys in that order.
+TEST(SelectionTest, PositionOrderIsAStableSortByPosition) {
+  std::mt19937 rng(17);
+  auto check = [](const std::vector<int32_t>& positions) {
+    std::vector<int32_t> expected(positions.size());
+    std::iota(expected.begin(), expected.end(), 0);
+    std::stable_sort(expected.begin(), expected.end(),
+                     [&](int32_t a, int32_t b) { return positions[a] < positions[b]; });
+    std::vector<int32_t> order = {7};  // overwritten
+    PositionOrder(positions, &order);
+    EXPECT_EQ(order, expected);
+  };
+  check({});
+  check({5});
+  check({3, -2, 3, 1, -2});
+  for (const int64_t span : {int64_t{200}, int64_t{1} << 16, int64_t{1} << 31}) {
+    for (const int32_t n : {2, 160, 1000}) {
+      SCOPED_TRACE(::testing::Message() << "span " << span << " n " << n);
+      std::uniform_int_distribution<int64_t> pos(-(span / 2), span / 2 - 1);
+      std::vector<int32_t> positions(n);
+      for (int32_t& p : positions) p = static_cast<int32_t>(pos(rng));
+      check(positions);
+    }
+  }
+  // A compacted head: 0..159 in slot order, whose tokens at slots 0, 5, 10, ... were evicted
+  // and their slots filled with the newest positions 160..191.
+  std::vector<int32_t> head(160);
+  std::iota(head.begin(), head.end(), 0);
+  for (int32_t j = 0; j < 32; ++j) head[static_cast<size_t>(j) * 5] = 160 + j;
+  check(head);
+  // OrderedHead gathers the keys in that order.
+  std::vector<float> keys(head.size() * 2);
+  for (size_t i = 0; i < head.size(); ++i) keys[2 * i] = static_cast<float>(head[i]);
+  const OrderedHead ordered(HeadKeys{keys.data(), head.data(), 160}, 2);
+  std::vector<int32_t> sorted = head;
+  std::sort(sorted.begin(), sorted.end());
+  for (int32_t i = 0; i < 160; ++i) {
+    ASSERT_EQ(ordered.positions()[i], sorted[i]);
+    ASSERT_EQ(ordered.keys()[2 * i], static_cast<float>(sorted[i]));
+    ASSERT_EQ(head[ordered.slot(i)], sorted[i]);
+  }
+}
+
 TEST(SelectionTest, TiesGoToTheMoreRecentToken) {
   const std::vector<int32_t> pos = {0, 3, 5, 9, 11, 20};
   const std::vector<uint8_t> protect = {1, 0, 0, 0, 0, 1};
@@ -422,6 +469,45 @@ TEST(SelectionTest, TiesGoToTheMoreRecentToken) {
   EXPECT_EQ(SelectUniform({pos, protect, scores}, 4), (std::vector<int32_t>{0, 2, 4, 5}));
   EXPECT_EQ(SelectUniform({pos, protect, scores}, 100), (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
   EXPECT_EQ(SelectUniform({pos, protect, scores}, 2), (std::vector<int32_t>{0, 5}));
+}
+
+// TopKUnprotected against a comparison-sort reference of its order (score desc, then
+// position desc), on slot-ordered positions (the segmented top-k twin passes them so), with
+// ties everywhere: +0 and -0 equal, NaN ranked as -inf and tied with it, repeated scores; every
+// k.
+TEST(SelectionTest, TopKMatchesTheScorePositionOrder) {
+  std::mt19937 rng(23);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> values = {0.0f, -0.0f, nan, -inf, inf, 0.5f, -0.5f, 1e-30f, -3.0f};
+  for (int trial = 0; trial < 20; ++trial) {
+    const int32_t n = 1 + static_cast<int32_t>(rng() % 40);
+    std::vector<int32_t> pos(n);
+    std::iota(pos.begin(), pos.end(), -5);
+    std::shuffle(pos.begin(), pos.end(), rng);
+    std::vector<float> scores(n);
+    std::vector<uint8_t> protect(n);
+    for (int32_t i = 0; i < n; ++i) {
+      scores[i] = values[rng() % values.size()];
+      protect[i] = rng() % 4 == 0 ? 1 : 0;
+    }
+    auto rank = [&](int32_t i) { return std::isnan(scores[i]) ? -inf : scores[i]; };
+    std::vector<int32_t> free;
+    for (int32_t i = 0; i < n; ++i) {
+      if (!protect[i]) free.push_back(i);
+    }
+    std::sort(free.begin(), free.end(), [&](int32_t a, int32_t b) {
+      if (rank(a) != rank(b)) return rank(a) > rank(b);
+      return pos[a] > pos[b];
+    });
+    for (int64_t k = 0; k <= n; ++k) {
+      std::vector<int32_t> got = TopKUnprotected({pos, protect, scores}, k);
+      std::vector<int32_t> want(free.begin(), free.begin() + std::min<int64_t>(k, free.size()));
+      std::sort(got.begin(), got.end());
+      std::sort(want.begin(), want.end());
+      ASSERT_EQ(got, want) << "trial " << trial << " k " << k;
+    }
+  }
 }
 
 TEST(SelectionTest, PooledNormalisesPerHeadAndMeetsTheLayerBudget) {
