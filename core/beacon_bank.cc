@@ -15,6 +15,7 @@
 #include "core/capped_growth.h"
 #include "core/check.h"
 #include "core/multiversion.h"
+#include "core/scoring.h"
 #include "core/transpose16.h"
 
 namespace beaconkv {
@@ -640,24 +641,33 @@ std::vector<int32_t> CosineFarthestPointOrder(const float* points, int32_t n, in
 }
 
 BeaconBank::BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max, bool draw_on_fill,
-                       double radius)
+                       double radius, bool bf16)
     : head_dim_(head_dim),
       buffer_min_(buffer_min),
       buffer_max_(buffer_max),
       draw_on_fill_(draw_on_fill),
-      radius_(static_cast<int32_t>(std::lround(radius * kFpsDistanceOne))) {
+      radius_(static_cast<int32_t>(std::lround(radius * kFpsDistanceOne))),
+      bf16_(bf16) {
   BKV_CHECK(head_dim >= 1 && buffer_min >= 1 && buffer_min < buffer_max);
   BKV_CHECK(radius >= 0.0 && radius <= 2.0);
 }
 
 int64_t BeaconBank::CapacityBytes() const {
-  return static_cast<int64_t>(buffer_max_) * head_dim_ * static_cast<int64_t>(sizeof(float));
+  return static_cast<int64_t>(buffer_max_) * head_dim_ *
+         static_cast<int64_t>(bf16_ ? sizeof(uint16_t) : sizeof(float));
 }
 
 void BeaconBank::Append(const float* query) {
-  internal::GrowCapped(&buffer_, static_cast<size_t>(head_dim_),
-                       static_cast<size_t>(buffer_max_) * head_dim_);
-  buffer_.insert(buffer_.end(), query, query + head_dim_);
+  if (bf16_) {
+    internal::GrowCapped(&buffer16_, static_cast<size_t>(head_dim_),
+                         static_cast<size_t>(buffer_max_) * head_dim_);
+    buffer16_.resize(buffer16_.size() + head_dim_);
+    RoundToBf16Bits(query, head_dim_, buffer16_.data() + buffer16_.size() - head_dim_);
+  } else {
+    internal::GrowCapped(&buffer_, static_cast<size_t>(head_dim_),
+                         static_cast<size_t>(buffer_max_) * head_dim_);
+    buffer_.insert(buffer_.end(), query, query + head_dim_);
+  }
   ++size_;
   ++arrivals_;
   if (size_ == buffer_max_) Reduce();
@@ -668,16 +678,23 @@ void BeaconBank::Reduce() {
   // the radius from the ones drawn before them.
   if (size_ == 0 || (size_ <= buffer_min_ && radius_ == 0)) return;
   const std::vector<int32_t> keep =
-      internal::FpsOrder(buffer_.data(), size_, head_dim_, std::min(buffer_min_, size_),
+      internal::FpsOrder(Points(), size_, head_dim_, std::min(buffer_min_, size_),
                          internal::FpsKernel::kAuto, true, &copy_, radius_);
   const auto kept = static_cast<int32_t>(keep.size());
   // Survivors in FPS order, so the first n of them are the first n of the ordering.
-  scratch_.resize(static_cast<size_t>(kept) * head_dim_);
-  for (int32_t i = 0; i < kept; ++i) {
-    std::copy_n(buffer_.data() + static_cast<size_t>(keep[i]) * head_dim_, head_dim_,
-                scratch_.data() + static_cast<size_t>(i) * head_dim_);
+  auto gather = [&](auto& buffer, auto& scratch) {
+    scratch.resize(static_cast<size_t>(kept) * head_dim_);
+    for (int32_t i = 0; i < kept; ++i) {
+      std::copy_n(buffer.data() + static_cast<size_t>(keep[i]) * head_dim_, head_dim_,
+                  scratch.data() + static_cast<size_t>(i) * head_dim_);
+    }
+    buffer.assign(scratch.begin(), scratch.end());
+  };
+  if (bf16_) {
+    gather(buffer16_, scratch16_);
+  } else {
+    gather(buffer_, scratch_);
   }
-  buffer_.assign(scratch_.begin(), scratch_.end());
   cut_ = kept < std::min(buffer_min_, size_);
   size_ = kept;
   ordered_ = kept;
@@ -716,25 +733,58 @@ int32_t BeaconBank::Beacons(int32_t n_beacons, std::vector<float>* out) {
     int32_t n = 0;
     for (int32_t b = 0; b < want; ++b) {
       if (copy[b] != 0) continue;
-      std::copy_n(buffer_.data() + static_cast<size_t>(row_of(b)) * head_dim_, head_dim_,
-                  out->data() + static_cast<size_t>(n++) * head_dim_);
+      CopyRow(row_of(b), out->data() + static_cast<size_t>(n++) * head_dim_);
     }
     return n;
   };
   int32_t n = want;
-  if (ordered_ >= want) {
+  if (ordered_ >= want && bf16_) {
+    // The leading rows widened in one pass, then the copies squeezed out in place.
+    FromBf16Row(buffer16_.data(), want * head_dim_, out->data());
+    n = 0;
+    for (int32_t b = 0; b < want; ++b) {
+      if (copy_[b] != 0) continue;
+      if (n != b) {
+        std::copy_n(out->data() + static_cast<size_t>(b) * head_dim_, head_dim_,
+                    out->data() + static_cast<size_t>(n) * head_dim_);
+      }
+      ++n;
+    }
+  } else if (ordered_ >= want) {
     n = take([](int32_t b) { return b; }, copy_);
   } else if (want == size_) {
     // Every buffered query, in buffer order.
-    std::copy_n(buffer_.data(), static_cast<size_t>(want) * head_dim_, out->data());
+    for (int32_t b = 0; b < want; ++b) CopyRow(b, out->data() + static_cast<size_t>(b) * head_dim_);
   } else {
     std::vector<uint8_t> copy;
-    const std::vector<int32_t> order = internal::FpsOrder(buffer_.data(), size_, head_dim_, want,
+    const std::vector<int32_t> order = internal::FpsOrder(Points(), size_, head_dim_, want,
                                                           internal::FpsKernel::kAuto, true, &copy);
     n = take([&](int32_t b) { return order[b]; }, copy);
   }
   out->resize(static_cast<size_t>(n) * head_dim_);
   return n;
+}
+
+const float* BeaconBank::Points() {
+  if (!bf16_) return buffer_.data();
+  points_.resize(buffer16_.size());
+  FromBf16Row(buffer16_.data(), static_cast<int32_t>(buffer16_.size()), points_.data());
+  return points_.data();
+}
+
+void BeaconBank::CopyRow(int32_t i, float* out) const {
+  const size_t at = static_cast<size_t>(i) * head_dim_;
+  if (bf16_) {
+    FromBf16Row(buffer16_.data() + at, head_dim_, out);
+  } else {
+    std::copy_n(buffer_.data() + at, head_dim_, out);
+  }
+}
+
+std::vector<float> BeaconBank::Rows() const {
+  std::vector<float> rows(static_cast<size_t>(size_) * head_dim_);
+  for (int32_t i = 0; i < size_; ++i) CopyRow(i, rows.data() + static_cast<size_t>(i) * head_dim_);
+  return rows;
 }
 
 }  // namespace beaconkv

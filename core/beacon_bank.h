@@ -64,8 +64,11 @@ class BeaconBank {
   // too); the beacons are the first n_beacons of those survivors. A draw cut short is reused
   // (with draw_on_fill) until as many queries arrived as would have filled the buffer after
   // a full one (buffer_max - buffer_min). 0 = every reduction draws buffer_min.
+  //
+  // bf16: the buffered queries are kept as bfloat16 (each rounded on arrival with
+  // RoundToBf16), half the memory; draws and beacons read them widened back to float.
   BeaconBank(int32_t head_dim, int32_t buffer_min, int32_t buffer_max, bool draw_on_fill = false,
-             double radius = 0.0);
+             double radius = 0.0, bool bf16 = false);
 
   // Appends one pre-RoPE query ([head_dim]); reduces to buffer_min on reaching buffer_max.
   void Append(const float* query);
@@ -73,13 +76,17 @@ class BeaconBank {
   int32_t size() const { return size_; }
   int32_t head_dim() const { return head_dim_; }
   int64_t num_reductions() const { return num_reductions_; }
+  bool bf16() const { return bf16_; }
   // Buffered queries: survivors of the last reduction (in FPS order), then arrivals since
-  // (oldest first): [size, head_dim].
-  const float* data() const { return buffer_.data(); }
-  // Bytes this buffer holds at capacity (buffer_max queries in float32).
+  // (oldest first): [size, head_dim], as float (bfloat16 values when bf16).
+  std::vector<float> Rows() const;
+  // Bytes this buffer holds at capacity (buffer_max queries of 4 bytes a value, 2 with bf16).
   int64_t CapacityBytes() const;
   // Bytes the buffer holds now (it grows with the appends, up to CapacityBytes()).
-  int64_t HeldBytes() const { return static_cast<int64_t>(buffer_.capacity() * sizeof(float)); }
+  int64_t HeldBytes() const {
+    return static_cast<int64_t>(bf16_ ? buffer16_.capacity() * sizeof(uint16_t)
+                                      : buffer_.capacity() * sizeof(float));
+  }
 
   // Reduces the buffer to buffer_min (when larger), then writes the beacons into `out`
   // ([n, head_dim]): the first min(n_beacons, size) points of the buffer's FPS ordering
@@ -100,6 +107,11 @@ class BeaconBank {
   // FPS down to buffer_min (no-op when size <= buffer_min), or with a radius until the
   // points left are within it (any size > 0); survivors stored in FPS order.
   void Reduce();
+  // The buffer as [size, head_dim] floats: the buffer itself, or with bf16 widened into
+  // points_.
+  const float* Points();
+  // Row i of the buffer into out ([head_dim] floats).
+  void CopyRow(int32_t i, float* out) const;
 
   int32_t head_dim_;
   int32_t buffer_min_;
@@ -112,10 +124,15 @@ class BeaconBank {
   int32_t ordered_ = 0;
   bool cut_ = false;  // the last reduction stopped at the radius
   int64_t num_reductions_ = 0;
-  int64_t arrivals_ = 0;        // queries appended since the last Beacons()
+  int64_t arrivals_ = 0;  // queries appended since the last Beacons()
+  bool bf16_;
   std::vector<float> buffer_;   // [size_, head_dim]; grows with the appends, up to buffer_max rows
   std::vector<float> scratch_;  // [buffer_min, head_dim] survivors during Reduce
-  std::vector<uint8_t> copy_;   // per survivor: 1 = a copy of an earlier survivor
+  // With bf16 the buffer and the survivors are these instead (bfloat16 bits), and a draw reads
+  // points_, the buffer widened.
+  std::vector<uint16_t> buffer16_, scratch16_;
+  std::vector<float> points_;
+  std::vector<uint8_t> copy_;  // per survivor: 1 = a copy of an earlier survivor
 };
 
 }  // namespace beaconkv

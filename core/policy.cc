@@ -399,24 +399,36 @@ namespace internal {
 
 void QueryRing::Push(const float* row) {
   if (capacity_ == 0) return;
-  if (size_ < capacity_) {  // filling: rows go in order (next_ == size_), the storage grows
-    GrowCapped(&data_, static_cast<size_t>(row_floats_),
-               static_cast<size_t>(capacity_) * row_floats_);
-    data_.insert(data_.end(), row, row + row_floats_);
-    ++size_;
-    next_ = size_ % capacity_;
-    return;
+  auto push = [&](auto& data, auto&& write) {
+    if (size_ < capacity_) {  // filling: rows go in order (next_ == size_), the storage grows
+      GrowCapped(&data, static_cast<size_t>(row_floats_),
+                 static_cast<size_t>(capacity_) * row_floats_);
+      data.resize(data.size() + row_floats_);
+      write(data.data() + static_cast<size_t>(size_) * row_floats_);
+      ++size_;
+      next_ = size_ % capacity_;
+      return;
+    }
+    write(data.data() + static_cast<size_t>(next_) * row_floats_);
+    next_ = (next_ + 1) % capacity_;
+  };
+  if (bf16_) {
+    push(data16_, [&](uint16_t* to) { RoundToBf16Bits(row, row_floats_, to); });
+  } else {
+    push(data_, [&](float* to) { std::copy_n(row, row_floats_, to); });
   }
-  std::copy_n(row, row_floats_, data_.data() + static_cast<size_t>(next_) * row_floats_);
-  next_ = (next_ + 1) % capacity_;
 }
 
 void QueryRing::CopyOrdered(float* out) const {
   const int32_t first = (next_ - size_ + capacity_) % std::max(capacity_, 1);
   for (int32_t i = 0; i < size_; ++i) {
-    const int32_t slot = (first + i) % capacity_;
-    std::copy_n(data_.data() + static_cast<size_t>(slot) * row_floats_, row_floats_,
-                out + static_cast<size_t>(i) * row_floats_);
+    const size_t from = static_cast<size_t>((first + i) % capacity_) * row_floats_;
+    float* to = out + static_cast<size_t>(i) * row_floats_;
+    if (bf16_) {
+      FromBf16Row(data16_.data() + from, row_floats_, to);
+    } else {
+      std::copy_n(data_.data() + from, row_floats_, to);
+    }
   }
 }
 

@@ -27,11 +27,14 @@ class BeaconState final : public PolicyState {
     }
     blurs_layer_.assign(g.num_layers, c.blur_layers.empty() && blur_pairs_ > 0);
     for (const int32_t l : c.blur_layers) blurs_layer_[l] = blur_pairs_ > 0;
-    rings_.assign(g.num_heads_total(), QueryRing(c.n_recent, g.group_size * g.head_dim()));
+    // With bfloat16 scores the recent queries are kept in bfloat16 (the scores round them
+    // anyway, so they score the same) and so are the buffered ones: half the memory.
+    rings_.assign(g.num_heads_total(),
+                  QueryRing(c.n_recent, g.group_size * g.head_dim(), /*bf16=*/c.score_bf16));
     banks_.reserve(g.num_heads_total());
     for (int32_t i = 0; i < g.num_heads_total(); ++i) {
-      banks_.emplace_back(g.head_dim(), c.buffer_min, c.buffer_max, c.draw_on_fill,
-                          c.beacon_radius);
+      banks_.emplace_back(g.head_dim(), c.buffer_min, c.buffer_max, c.draw_on_fill, c.beacon_radius,
+                          /*bf16=*/c.score_bf16);
     }
   }
 

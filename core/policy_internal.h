@@ -15,11 +15,12 @@ namespace beaconkv::internal {
 
 // The newest `capacity` steps of one head's queries, each `row_floats` floats. Memory grows
 // with the steps pushed, up to the capacity: a large window (a knob has no upper bound)
-// costs what a sequence fills of it, not its size up front.
+// costs what a sequence fills of it, not its size up front. bf16: the rows are kept as
+// bfloat16 (rounded on arrival with RoundToBf16, half the bytes) and read back widened.
 class QueryRing {
  public:
-  QueryRing(int32_t capacity, int32_t row_floats)
-      : capacity_(std::max(capacity, 0)), row_floats_(std::max(row_floats, 0)) {}
+  QueryRing(int32_t capacity, int32_t row_floats, bool bf16 = false)
+      : capacity_(std::max(capacity, 0)), row_floats_(std::max(row_floats, 0)), bf16_(bf16) {}
 
   void Push(const float* row);
   int32_t size() const { return size_; }
@@ -32,18 +33,24 @@ class QueryRing {
     return size_;
   }
   // Bytes the storage holds now (it grows with the steps pushed).
-  int64_t HeldBytes() const { return static_cast<int64_t>(data_.capacity() * sizeof(float)); }
+  int64_t HeldBytes() const {
+    return static_cast<int64_t>(data_.capacity() * sizeof(float) +
+                                data16_.capacity() * sizeof(uint16_t));
+  }
   // At capacity (PolicyState::StateBytes counts buffers full).
   int64_t Bytes() const {
-    return int64_t{capacity_} * row_floats_ * static_cast<int64_t>(sizeof(float));
+    return int64_t{capacity_} * row_floats_ *
+           static_cast<int64_t>(bf16_ ? sizeof(uint16_t) : sizeof(float));
   }
 
  private:
   int32_t capacity_;
   int32_t row_floats_;
   int32_t size_ = 0;
-  int32_t next_ = 0;         // ring slot the next Push writes
-  std::vector<float> data_;  // [min(pushed, capacity), row_floats]
+  int32_t next_ = 0;  // ring slot the next Push writes
+  bool bf16_;
+  std::vector<float> data_;       // [min(pushed, capacity), row_floats]
+  std::vector<uint16_t> data16_;  // the same as bfloat16 bits, instead, with bf16
 };
 
 // One head's scored selection problem, in position order.

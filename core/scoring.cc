@@ -589,18 +589,6 @@ void SoftmaxInPlace(float* x, int32_t n) {
   Scale(x, n, 1.0f / sum);
 }
 
-float RoundToBf16(float x) {
-  const auto u = std::bit_cast<uint32_t>(x);
-  if ((u & 0x7F800000u) == 0x7F800000u) {  // infinity stays, NaN stays NaN (made quiet)
-    return (u & 0x007FFFFFu) == 0 ? x : std::bit_cast<float>((u | 0x00400000u) & 0xFFFF0000u);
-  }
-  if ((u & 0x7F800000u) == 0) return std::bit_cast<float>(u & 0x80000000u);  // zero, denormal
-  // Add half an ulp of bfloat16 (less one when the kept lsb is 0: ties to even) and truncate;
-  // a carry into the exponent is the correct rounding up, to infinity past the largest.
-  const uint32_t rounded = u + 0x7FFFu + ((u >> 16) & 1u);
-  return std::bit_cast<float>(rounded & 0xFFFF0000u);
-}
-
 namespace internal {
 
 bool HasBf16Conversion() {

@@ -5,6 +5,7 @@
 // "recent" mean neighbours and recency in the original token sequence.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <vector>
 
@@ -69,6 +70,15 @@ struct ScoreSpec {
 // infinities stay, a denormal input becomes a zero of its sign (as the AVX-512 BF16
 // conversion does), and a value past bfloat16's largest finite rounds to infinity.
 float RoundToBf16(float x);
+// out[i] = the 16 bits of RoundToBf16(x[i]) (the upper half of its float), for i < n; with
+// AVX-512 BF16 16 at a time (core/bf16.cc).
+void RoundToBf16Bits(const float* x, int32_t n, uint16_t* out);
+// A bfloat16's bits back to the float they stand for.
+inline float FromBf16Bits(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+// out[i] = FromBf16Bits(bits[i]) for i < n (vectorised for this CPU).
+void FromBf16Row(const uint16_t* bits, int32_t n, float* out);
 
 namespace internal {
 // For tests: whether this CPU has AVX-512 BF16, and its conversion (vcvtneps2bf16) of n floats

@@ -2,6 +2,7 @@
 // near-duplicates of the majority; beacons are exactly RoPE at the current position; and a
 // key only the planted cluster attends to survives under beacon but not under snapkv.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,6 +13,7 @@
 #include "core/beacon_bank.h"
 #include "core/policy.h"
 #include "core/rope.h"
+#include "core/scoring.h"
 #include "gtest/gtest.h"
 
 namespace beaconkv {
@@ -457,6 +459,44 @@ TEST(BeaconBankTest, BeaconsLeaveOutCopies) {
   }
 }
 
+// A bfloat16 buffer holds each query rounded (RoundToBf16) in half the bytes, and behaves
+// bit for bit as a float buffer fed the rounded queries: the same survivors after every
+// reduction, the same beacons (rotated), with draw_on_fill and without, through several
+// reductions, with copies among the queries (which the draws leave out) and values that
+// round (denormals to zero, ties to even).
+TEST(BeaconBankTest, Bf16BufferIsAFloatBufferOfTheRoundedQueries) {
+  std::mt19937 rng(31);
+  constexpr int32_t d = 32;
+  auto rope = Rope::Create({d, 1e4});
+  ASSERT_TRUE(rope.ok());
+  for (const bool draw_on_fill : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "draw_on_fill " << draw_on_fill);
+    BeaconBank half(d, /*buffer_min=*/16, /*buffer_max=*/48, draw_on_fill, 0.0, /*bf16=*/true);
+    BeaconBank full(d, 16, 48, draw_on_fill);
+    EXPECT_TRUE(half.bf16());
+    EXPECT_EQ(half.CapacityBytes() * 2, full.CapacityBytes());
+    std::vector<float> repeated = Unit(rng, d);
+    repeated[3] = 1e-40f;                             // a denormal: rounds to zero
+    repeated[4] = std::bit_cast<float>(0x3F808000u);  // a tie: rounds to even (1.0)
+    for (int32_t t = 0; t < 200; ++t) {
+      const std::vector<float> q = t % 7 == 0 ? repeated : Unit(rng, d);
+      std::vector<float> rounded(q);
+      for (float& x : rounded) x = RoundToBf16(x);
+      half.Append(q.data());
+      full.Append(rounded.data());
+      if (t % 11 == 10) {
+        std::vector<float> a, b;
+        ASSERT_EQ(half.Beacons(12, *rope, 1000 + t, &a), full.Beacons(12, *rope, 1000 + t, &b));
+        ASSERT_EQ(a, b) << "t " << t;
+      }
+      ASSERT_EQ(half.Rows(), full.Rows()) << "t " << t;
+      ASSERT_EQ(half.num_reductions(), full.num_reductions());
+    }
+    EXPECT_GT(half.num_reductions(), 3);
+    EXPECT_LE(half.HeldBytes() * 2, full.HeldBytes() + 2);
+  }
+}
+
 // Beacons reuse the buffer reduction's draw: drawing them reduces an over-full buffer to
 // buffer_min in FPS order, and the beacons are its first points.
 TEST(BeaconBankTest, DrawingBeaconsReducesTheBufferAndReusesTheOrdering) {
@@ -477,12 +517,13 @@ TEST(BeaconBankTest, DrawingBeaconsReducesTheBufferAndReusesTheOrdering) {
   EXPECT_EQ(bank.size(), 8);
   EXPECT_EQ(bank.num_reductions(), 1);
   const std::vector<int32_t> order = CosineFarthestPointOrder(all.data(), 20, d, 8);
+  const std::vector<float> rows = bank.Rows();
   for (int32_t i = 0; i < 8; ++i) {
     EXPECT_TRUE(
-        std::equal(bank.data() + i * d, bank.data() + (i + 1) * d, all.data() + order[i] * d))
+        std::equal(rows.data() + i * d, rows.data() + (i + 1) * d, all.data() + order[i] * d))
         << "survivor " << i;
   }
-  EXPECT_TRUE(std::equal(beacons.begin(), beacons.end(), bank.data()));
+  EXPECT_TRUE(std::equal(beacons.begin(), beacons.end(), rows.data()));
   // Nothing new arrived: the next draw reduces nothing and returns the same beacons.
   std::vector<float> again;
   ASSERT_EQ(bank.Beacons(5, *rope, 0, &again), 5);
@@ -533,7 +574,7 @@ TEST(BeaconBankTest, DrawOnFillReusesTheDrawUntilTheBufferFills) {
   EXPECT_EQ(eager.num_reductions(), 2);
   EXPECT_EQ(eager.size(), 8);
   // The lazy buffer fills (8 + 24 = 32): its reduction draws from every query it holds.
-  std::vector<float> held(lazy.data(), lazy.data() + 18 * d);
+  std::vector<float> held = lazy.Rows();
   const size_t before = all.size();
   append(14);
   held.insert(held.end(), all.begin() + static_cast<ptrdiff_t>(before), all.end());
@@ -664,11 +705,12 @@ TEST_P(BeaconBufferTest, PlantedClusterSurvivesReductionMajorityIsThinned) {
       reductions_seen = bank.num_reductions();
       ASSERT_EQ(bank.size(), 64);
       int32_t planted_in = 0, majority_in = 0;
+      const std::vector<float> rows = bank.Rows();
       for (int32_t i = 0; i < bank.size(); ++i) {
-        planted_in += Cos(bank.data() + i * d, planted.data(), d) > 0.95 ? 1 : 0;
-        majority_in += Cos(bank.data() + i * d, majority.data(), d) > 0.95 ? 1 : 0;
+        planted_in += Cos(rows.data() + i * d, planted.data(), d) > 0.95 ? 1 : 0;
+        majority_in += Cos(rows.data() + i * d, majority.data(), d) > 0.95 ? 1 : 0;
         for (int32_t j = 0; j < i; ++j) {
-          ASSERT_LT(Cos(bank.data() + i * d, bank.data() + j * d, d), 0.999)
+          ASSERT_LT(Cos(rows.data() + i * d, rows.data() + j * d, d), 0.999)
               << "near-duplicates " << j << " and " << i << " both kept at t=" << t;
         }
       }

@@ -2,6 +2,7 @@
 // (core/policy_internal.h) and the beacon buffer (core/beacon_bank.h).
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "core/beacon_bank.h"
@@ -39,11 +40,33 @@ TEST(PolicyBuffersTest, HoldWhatWasPushedUpToTheirCapacity) {
   for (int32_t i = 0; i < 5; ++i) bank.Append(rows.data() + 4 * i);
   EXPECT_EQ(bank.size(), 5);
   EXPECT_LE(bank.HeldBytes(), int64_t{2 * 5 * 4} * 4);
-  EXPECT_EQ(std::vector<float>(bank.data(), bank.data() + 20), rows);
+  EXPECT_EQ(bank.Rows(), rows);
   BeaconBank full(4, 2, 4);  // reduces to 2 at the 4th append, as with a preallocated buffer
   for (int32_t i = 0; i < 4; ++i) full.Append(rows.data() + 4 * i);
   EXPECT_EQ(full.size(), 2);
   EXPECT_LE(full.HeldBytes(), full.CapacityBytes());
+}
+
+// A bfloat16 ring (beacon's recent queries with score_bf16) holds each row rounded
+// (RoundToBf16) in half the bytes, and returns the newest rows in order as a float ring fed
+// the rounded rows does, through the wrap.
+TEST(PolicyBuffersTest, Bf16RingIsAFloatRingOfTheRoundedRows) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  internal::QueryRing half(5, 8, /*bf16=*/true), full(5, 8);
+  EXPECT_EQ(half.Bytes() * 2, full.Bytes());
+  std::vector<float> got, want;
+  for (int32_t step = 0; step < 13; ++step) {
+    std::vector<float> row(8), rounded(8);
+    for (float& x : row) x = dist(rng);
+    for (int32_t i = 0; i < 8; ++i) rounded[i] = RoundToBf16(row[i]);
+    half.Push(row.data());
+    full.Push(rounded.data());
+    ASSERT_EQ(half.CopyOrdered(&got), full.CopyOrdered(&want));
+    ASSERT_EQ(got, want) << "step " << step;
+    EXPECT_NE(got.back(), row.back());  // rounded (a normal float is rarely a bfloat16)
+  }
+  EXPECT_EQ(half.HeldBytes() * 2, full.HeldBytes());
 }
 
 }  // namespace

@@ -261,6 +261,35 @@ TEST(RoundToBf16Test, IsTheCpusConversion) {
   }
 }
 
+// RoundToBf16Bits (rows: 16 at a time with the CPU's conversion where it has one, the rest
+// by a branch-free loop) gives RoundToBf16's bits for every value, NaN as a NaN, whatever
+// the row's length and offset.
+TEST(RoundToBf16Test, RowsAreEachValuesRounding) {
+  std::mt19937 rng(8);
+  std::vector<float> x((1 << 16) + 7);
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t u = rng();
+    if (i % 4 == 0) u &= 0x807FFFFFu;                  // denormals and zeros
+    if (i % 97 == 0) u |= 0x7F800000u;                 // infinities and NaNs
+    if (i % 89 == 0) u = (u & 0xFFFF0000u) | 0x8000u;  // ties
+    x[i] = std::bit_cast<float>(u);
+  }
+  for (const int32_t offset : {0, 3}) {
+    const auto n = static_cast<int32_t>(x.size()) - offset;
+    std::vector<uint16_t> bits(n);
+    RoundToBf16Bits(x.data() + offset, n, bits.data());
+    for (int32_t i = 0; i < n; ++i) {
+      const float want = RoundToBf16(x[offset + i]), got = FromBf16Bits(bits[i]);
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(got)) << i;
+        continue;
+      }
+      ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+          << std::bit_cast<uint32_t>(x[offset + i]);
+    }
+  }
+}
+
 // ScoreSpec::bf16: every path (the AVX-512 BF16 products where the CPU has them, the rounded
 // copies elsewhere: GEMM shapes, head_dim 48, the reductions) gives the double reference's
 // scores of the rounded queries and keys, and those differ from the float32 scores.

@@ -141,10 +141,13 @@ class BeaconBuffer:
     many arrivals as since the last draw would fill the buffer. radius > 0: a draw stops at
     the first point within radius (1 - cos) of the chosen ones (a buffer of at most
     buffer_min is drawn too); a draw cut short is reused until a full draw's worth of queries
-    (buffer_max - buffer_min) arrived or would arrive by the next one."""
+    (buffer_max - buffer_min) arrived or would arrive by the next one. bf16: each query is
+    rounded to bfloat16 as it arrives (the core keeps the buffer in bfloat16 with score_bf16)."""
 
-    def __init__(self, head_dim, buffer_min=256, buffer_max=512, draw_on_fill=True, radius=0.0):
+    def __init__(self, head_dim, buffer_min=256, buffer_max=512, draw_on_fill=True, radius=0.0,
+                 bf16=False):
         self.buf = np.zeros((0, head_dim), np.float32)
+        self.bf16 = bf16
         self.buffer_min, self.buffer_max = buffer_min, buffer_max
         self.draw_on_fill = draw_on_fill
         self.radius = radius
@@ -155,6 +158,7 @@ class BeaconBuffer:
 
     def append(self, q):
         for row in np.asarray(q, np.float32).reshape(-1, self.buf.shape[1]):
+            row = round_bf16(row) if self.bf16 else row
             self.buf = np.vstack([self.buf, row[None]])
             self.arrivals += 1
             if self.buf.shape[0] == self.buffer_max:

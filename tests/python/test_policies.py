@@ -120,10 +120,11 @@ def test_snapkv_and_rkv_match_numpy(seed):
 @pytest.mark.parametrize("coverage_layers", [0, 1])
 @pytest.mark.parametrize("score_bf16", [False, True])
 def test_beacon_matches_numpy(seed, coverage_layers, score_bf16):
-    # score_bf16: the twin scores the rounded keys, recent queries and rotated beacons.
+    # score_bf16: the twin buffers the rounded queries and scores the rounded keys, recent
+    # queries and rotated beacons.
     d, g, theta = 32, 2, 1e6
     keys, pre, post = random_head(20 + seed, n=257, d=d, g=g, steps=90)
-    buf = ref.BeaconBuffer(d, buffer_min=16, buffer_max=48)
+    buf = ref.BeaconBuffer(d, buffer_min=16, buffer_max=48, bf16=score_bf16)
     for step in pre:
         buf.append(step)
     beacons = buf.beacons(8, 256, theta)
@@ -174,7 +175,7 @@ def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_sl
     pols = {mode: beaconkv.Policy(beaconkv.BeaconConfig(**cfg, draw_on_fill=mode), 1, 1, g, d,
                                   rope_theta=theta, prompt_len=prompt)
             for mode in (draw_on_fill, not draw_on_fill)}
-    buf = ref.BeaconBuffer(d, 16, 64, draw_on_fill=draw_on_fill, radius=radius)
+    buf = ref.BeaconBuffer(d, 16, 64, draw_on_fill=draw_on_fill, radius=radius, bf16=True)
     keys = {m: rng.standard_normal((prompt, d)).astype(np.float32) for m in pols}
     pos = {m: np.arange(prompt, dtype=np.int32) for m in pols}
     keys[not draw_on_fill] = keys[draw_on_fill].copy()
@@ -195,7 +196,8 @@ def test_beacon_compressions_match_numpy_over_a_sequence(draw_on_fill, prompt_sl
             if m == draw_on_fill:
                 beacons = buf.beacons(12, p, theta)
                 short_draws += int(len(beacons) < 12)
-                # (The defaults score products of bfloat16-rounded inputs: score_bf16.)
+                # (The defaults buffer bfloat16 queries and score products of
+                # bfloat16-rounded inputs: score_bf16.)
                 bf = ref.round_bf16
                 keep = functools.partial(ref.beacon_keep, bf(keys[m]), bf(np.stack(recent)),
                                          budget=40, prompt_len=prompt, n_recent=8, n_sinks=2,
