@@ -682,7 +682,7 @@ void BeaconBank::Reduce() {
                          internal::FpsKernel::kAuto, true, &copy_, radius_);
   const auto kept = static_cast<int32_t>(keep.size());
   // Survivors in FPS order, so the first n of them are the first n of the ordering.
-  auto gather = [&](auto& buffer, auto& scratch) {
+  auto gather = [&](auto& buffer, auto& scratch) {  // scratch: per thread, see the header
     scratch.resize(static_cast<size_t>(kept) * head_dim_);
     for (int32_t i = 0; i < kept; ++i) {
       std::copy_n(buffer.data() + static_cast<size_t>(keep[i]) * head_dim_, head_dim_,
@@ -691,9 +691,11 @@ void BeaconBank::Reduce() {
     buffer.assign(scratch.begin(), scratch.end());
   };
   if (bf16_) {
-    gather(buffer16_, scratch16_);
+    static thread_local std::vector<uint16_t> survivors;
+    gather(buffer16_, survivors);
   } else {
-    gather(buffer_, scratch_);
+    static thread_local std::vector<float> survivors;
+    gather(buffer_, survivors);
   }
   cut_ = kept < std::min(buffer_min_, size_);
   size_ = kept;
@@ -765,11 +767,12 @@ int32_t BeaconBank::Beacons(int32_t n_beacons, std::vector<float>* out) {
   return n;
 }
 
-const float* BeaconBank::Points() {
+const float* BeaconBank::Points() const {
   if (!bf16_) return buffer_.data();
-  points_.resize(buffer16_.size());
-  FromBf16Row(buffer16_.data(), static_cast<int32_t>(buffer16_.size()), points_.data());
-  return points_.data();
+  static thread_local std::vector<float> points;
+  points.resize(buffer16_.size());
+  FromBf16Row(buffer16_.data(), static_cast<int32_t>(buffer16_.size()), points.data());
+  return points.data();
 }
 
 void BeaconBank::CopyRow(int32_t i, float* out) const {

@@ -107,9 +107,9 @@ class BeaconBank {
   // FPS down to buffer_min (no-op when size <= buffer_min), or with a radius until the
   // points left are within it (any size > 0); survivors stored in FPS order.
   void Reduce();
-  // The buffer as [size, head_dim] floats: the buffer itself, or with bf16 widened into
-  // points_.
-  const float* Points();
+  // The buffer as [size, head_dim] floats: the buffer itself, or with bf16 widened into this
+  // thread's working memory (valid until the thread's next call).
+  const float* Points() const;
   // Row i of the buffer into out ([head_dim] floats).
   void CopyRow(int32_t i, float* out) const;
 
@@ -126,12 +126,11 @@ class BeaconBank {
   int64_t num_reductions_ = 0;
   int64_t arrivals_ = 0;  // queries appended since the last Beacons()
   bool bf16_;
-  std::vector<float> buffer_;   // [size_, head_dim]; grows with the appends, up to buffer_max rows
-  std::vector<float> scratch_;  // [buffer_min, head_dim] survivors during Reduce
-  // With bf16 the buffer and the survivors are these instead (bfloat16 bits), and a draw reads
-  // points_, the buffer widened.
-  std::vector<uint16_t> buffer16_, scratch16_;
-  std::vector<float> points_;
+  // [size_, head_dim]; grows with the appends, up to buffer_max rows. With bf16, buffer16_
+  // (bfloat16 bits) instead. (A reduction's survivors and a bf16 buffer widened for a draw
+  // go through per-thread working memory, shared by every bank: a bank holds only this.)
+  std::vector<float> buffer_;
+  std::vector<uint16_t> buffer16_;
   std::vector<uint8_t> copy_;  // per survivor: 1 = a copy of an earlier survivor
 };
 

@@ -380,12 +380,17 @@ __attribute__((target("avx512f"))) void FoldRowsInFours(int32_t rows, int32_t n,
         break;
     }
   }
-  // out = 2^best: the softmax probability of the row that gives each key its largest.
+  // out = 2^best: the softmax probability of the row that gives each key its largest, floored
+  // at 2^(-87 log2 e) = e^-87 as ExpApprox floors the other paths' (so probabilities below it
+  // tie, ties going to the newest token, and a key no row could score, best = -inf when every
+  // row's normaliser is NaN, gets that floor rather than 2^-inf's NaN).
+  const __m512 floor = _mm512_set1_ps(-87.0f * kLog2E);
   for (int32_t j = 0; j < n; j += 16) {
     const int32_t left = n - j;
     const __mmask16 valid =
         left >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << left) - 1u);
-    _mm512_mask_storeu_ps(out + j, valid, Exp2Approx16(_mm512_loadu_ps(best + j)));
+    const __m512 x = _mm512_max_ps(_mm512_loadu_ps(best + j), floor);
+    _mm512_mask_storeu_ps(out + j, valid, Exp2Approx16(x));
   }
 }
 

@@ -497,6 +497,37 @@ TEST(BeaconBankTest, Bf16BufferIsAFloatBufferOfTheRoundedQueries) {
   }
 }
 
+// A bfloat16 buffer leaves out copies as a float one does, also when a copy comes before a
+// point that is not one among the beacons: u, v, a copy of u, 2u (the same direction, not a
+// copy), w; the draw takes u, v, w (in its order), then the copy and 2u at distance 0, earliest
+// first; the copy is left out and 2u moves up.
+TEST(BeaconBankTest, Bf16BeaconsLeaveOutCopiesAheadOfOtherPoints) {
+  std::mt19937 rng(12);
+  constexpr int32_t d = 32;
+  auto rope = Rope::Create({d, 1e4});
+  ASSERT_TRUE(rope.ok());
+  std::vector<float> u = Unit(rng, d), v = Unit(rng, d), w = Unit(rng, d), u2(u);
+  for (float& x : u2) x *= 2.0f;
+  BeaconBank half(d, /*buffer_min=*/5, /*buffer_max=*/32, false, 0.0, /*bf16=*/true);
+  BeaconBank full(d, 5, 32);
+  for (const std::vector<float>* q : {&u, &v, &u, &u2, &w, &v}) {
+    std::vector<float> rounded(*q);
+    for (float& x : rounded) x = RoundToBf16(x);
+    half.Append(q->data());
+    full.Append(rounded.data());
+  }
+  std::vector<float> a, b;
+  ASSERT_EQ(half.Beacons(5, *rope, 77, &a), 4);  // five drawn, one of them a copy
+  ASSERT_EQ(full.Beacons(5, *rope, 77, &b), 4);
+  EXPECT_EQ(a, b);
+  // 2u's beacon is u's scaled: it is among them, after the three distinct directions.
+  std::vector<float> u_rounded(u), rotated(d), rotated2(d);
+  for (float& x : u_rounded) x = RoundToBf16(x);
+  rope->Rotate(u_rounded.data(), 77, rotated.data());
+  for (int32_t k = 0; k < d; ++k) rotated2[k] = 2.0f * rotated[k];
+  EXPECT_TRUE(std::equal(a.begin() + 3 * d, a.end(), rotated2.begin()));
+}
+
 // Beacons reuse the buffer reduction's draw: drawing them reduces an over-full buffer to
 // buffer_min in FPS order, and the beacons are its first points.
 TEST(BeaconBankTest, DrawingBeaconsReducesTheBufferAndReusesTheOrdering) {

@@ -167,6 +167,34 @@ TEST(AttentionScoresTest, MaxProbsAreRelativelyPrecise) {
   }
 }
 
+// A NaN key: in the fused kernel it makes every row's normaliser NaN, so no row scores any
+// key, and each key gets the floor, e^-87 (its 2^x floored as ExpApprox clamps the other
+// paths'), not NaN, so that the selections still rank on it (the coverage sample's bonus
+// adds to it). The blocked GEMM path weighs a NaN logit as nothing instead
+// (docs/reliability.md): finite scores there too.
+TEST(AttentionScoresTest, MaxProbsWithANanKeyAreTheFloor) {
+  for (const int32_t n : {40, 1100}) {  // the fused kernel and the blocked GEMM (d = 64)
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    constexpr int32_t d = 64, nq = 6;
+    std::mt19937 rng(19);
+    std::vector<float> keys = Random(rng, static_cast<size_t>(n) * d);
+    keys[static_cast<size_t>(n / 2) * d + 5] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> q = Random(rng, static_cast<size_t>(nq) * d);
+    for (const bool bf16 : {false, true}) {
+      std::vector<float> out(n);
+      ScoreScratch scratch;
+      AttentionScores(keys.data(), 0, n, d, q.data(), nq, 1,
+                      {GqaReduction::kMaxProbs, QueryReduction::kMax, bf16}, out.data(), &scratch);
+      for (int32_t j = 0; j < n; ++j) {
+        ASSERT_TRUE(std::isfinite(out[j])) << j;
+        if (n == 40) {
+          ASSERT_NEAR(out[j], std::exp(-87.0), 1e-3 * std::exp(-87.0)) << j;
+        }
+      }
+    }
+  }
+}
+
 // The fused kernel's exp and log at the ends of their ranges: rows whose logits spread over
 // hundreds (most terms of a row's sum underflow to zero), rows of equal logits over many keys
 // (a sum of ~n, its log far from 0), and a zero query (every logit 0). The scores stay those
