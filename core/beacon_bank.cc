@@ -730,38 +730,34 @@ int32_t BeaconBank::Beacons(int32_t n_beacons, std::vector<float>* out) {
   const int32_t want = std::min(n_beacons, radius_ > 0 ? ordered_ : size_);
   out->resize(static_cast<size_t>(want) * head_dim_);
   // The first `want` points of an FPS ordering, less the copies of points already among
-  // them (a copy would score every key the same).
-  auto take = [&](auto&& row_of, const std::vector<uint8_t>& copy) {
-    int32_t n = 0;
+  // them (a copy would score every key the same): the rows are written in order, then the
+  // copies squeezed out in place.
+  auto squeeze = [&](const std::vector<uint8_t>& copy) {
+    int32_t kept = 0;
     for (int32_t b = 0; b < want; ++b) {
       if (copy[b] != 0) continue;
-      CopyRow(row_of(b), out->data() + static_cast<size_t>(n++) * head_dim_);
+      if (kept != b) {
+        std::copy_n(out->data() + static_cast<size_t>(b) * head_dim_, head_dim_,
+                    out->data() + static_cast<size_t>(kept) * head_dim_);
+      }
+      ++kept;
     }
-    return n;
+    return kept;
   };
   int32_t n = want;
-  if (ordered_ >= want && bf16_) {
-    // The leading rows widened in one pass, then the copies squeezed out in place.
-    FromBf16Row(buffer16_.data(), want * head_dim_, out->data());
-    n = 0;
-    for (int32_t b = 0; b < want; ++b) {
-      if (copy_[b] != 0) continue;
-      if (n != b) {
-        std::copy_n(out->data() + static_cast<size_t>(b) * head_dim_, head_dim_,
-                    out->data() + static_cast<size_t>(n) * head_dim_);
-      }
-      ++n;
-    }
-  } else if (ordered_ >= want) {
-    n = take([](int32_t b) { return b; }, copy_);
+  if (ordered_ >= want) {
+    CopyRows(0, want, out->data());
+    n = squeeze(copy_);
   } else if (want == size_) {
-    // Every buffered query, in buffer order.
-    for (int32_t b = 0; b < want; ++b) CopyRow(b, out->data() + static_cast<size_t>(b) * head_dim_);
+    CopyRows(0, want, out->data());  // every buffered query, in buffer order
   } else {
     std::vector<uint8_t> copy;
     const std::vector<int32_t> order = internal::FpsOrder(Points(), size_, head_dim_, want,
                                                           internal::FpsKernel::kAuto, true, &copy);
-    n = take([&](int32_t b) { return order[b]; }, copy);
+    for (int32_t b = 0; b < want; ++b) {
+      CopyRows(order[b], 1, out->data() + static_cast<size_t>(b) * head_dim_);
+    }
+    n = squeeze(copy);
   }
   out->resize(static_cast<size_t>(n) * head_dim_);
   return n;
@@ -771,22 +767,23 @@ const float* BeaconBank::Points() const {
   if (!bf16_) return buffer_.data();
   static thread_local std::vector<float> points;
   points.resize(buffer16_.size());
-  FromBf16Row(buffer16_.data(), static_cast<int32_t>(buffer16_.size()), points.data());
+  FromBf16Row(buffer16_.data(), static_cast<int64_t>(buffer16_.size()), points.data());
   return points.data();
 }
 
-void BeaconBank::CopyRow(int32_t i, float* out) const {
-  const size_t at = static_cast<size_t>(i) * head_dim_;
+void BeaconBank::CopyRows(int32_t first, int32_t count, float* out) const {
+  const size_t at = static_cast<size_t>(first) * head_dim_;
+  const int64_t values = int64_t{count} * head_dim_;
   if (bf16_) {
-    FromBf16Row(buffer16_.data() + at, head_dim_, out);
+    FromBf16Row(buffer16_.data() + at, values, out);
   } else {
-    std::copy_n(buffer_.data() + at, head_dim_, out);
+    std::copy_n(buffer_.data() + at, values, out);
   }
 }
 
 std::vector<float> BeaconBank::Rows() const {
   std::vector<float> rows(static_cast<size_t>(size_) * head_dim_);
-  for (int32_t i = 0; i < size_; ++i) CopyRow(i, rows.data() + static_cast<size_t>(i) * head_dim_);
+  CopyRows(0, size_, rows.data());
   return rows;
 }
 

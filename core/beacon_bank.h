@@ -110,8 +110,8 @@ class BeaconBank {
   // The buffer as [size, head_dim] floats: the buffer itself, or with bf16 widened into this
   // thread's working memory (valid until the thread's next call).
   const float* Points() const;
-  // Row i of the buffer into out ([head_dim] floats).
-  void CopyRow(int32_t i, float* out) const;
+  // Rows [first, first + count) of the buffer into out ([count, head_dim] floats).
+  void CopyRows(int32_t first, int32_t count, float* out) const;
 
   int32_t head_dim_;
   int32_t buffer_min_;

@@ -57,8 +57,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) int32_t RoundBitsAvx512(c
 
 float RoundToBf16(float x) { return FromBf16Bits(RoundBits(std::bit_cast<uint32_t>(x))); }
 
-BKV_MULTIVERSION void FromBf16Row(const uint16_t* bits, int32_t n, float* out) {
-  for (int32_t i = 0; i < n; ++i) out[i] = FromBf16Bits(bits[i]);
+BKV_MULTIVERSION void FromBf16Row(const uint16_t* bits, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = FromBf16Bits(bits[i]);
 }
 
 void RoundToBf16Bits(const float* x, int32_t n, uint16_t* out) {

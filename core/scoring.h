@@ -78,7 +78,7 @@ inline float FromBf16Bits(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
 // out[i] = FromBf16Bits(bits[i]) for i < n (vectorised for this CPU).
-void FromBf16Row(const uint16_t* bits, int32_t n, float* out);
+void FromBf16Row(const uint16_t* bits, int64_t n, float* out);
 
 namespace internal {
 // For tests: whether this CPU has AVX-512 BF16, and its conversion (vcvtneps2bf16) of n floats

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -44,6 +45,39 @@ struct HeadCase {
     }
   }
 };
+
+// A random unit vector of dimension d.
+inline std::vector<float> Unit(std::mt19937& rng, int32_t d) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(d);
+  double sq = 0;
+  for (float& x : v) {
+    x = dist(rng);
+    sq += x * x;
+  }
+  for (float& x : v) x /= static_cast<float>(std::sqrt(sq));
+  return v;
+}
+
+// center plus normal noise, times scale.
+inline std::vector<float> Near(std::mt19937& rng, const std::vector<float>& center, float noise,
+                               float scale) {
+  std::normal_distribution<float> dist(0.0f, noise);
+  std::vector<float> v(center.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * (center[i] + dist(rng));
+  return v;
+}
+
+// The cosine of two vectors, in double.
+inline double Cos(const float* a, const float* b, int32_t d) {
+  double ab = 0, aa = 0, bb = 0;
+  for (int32_t i = 0; i < d; ++i) {
+    ab += double(a[i]) * b[i];
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
 
 inline RopeConfig TestRope(int32_t head_dim) {
   RopeConfig r;
