@@ -30,11 +30,16 @@ from beaconkv.reference import read_safetensors  # noqa: E402
 
 
 def widen_tensors(w: dict[str, np.ndarray], factor: int) -> dict[str, np.ndarray]:
-    """The widened tensors: norms and embeddings repeated, Linears tiled as W / factor."""
+    """The widened tensors: norms, embeddings and biases repeated, Linears tiled as W / factor
+    (Qwen3's per-head q/k norms stay as they are)."""
     f = factor
     out = {}
     for name, a in w.items():
-        if name == "model.embed_tokens.weight":
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            out[name] = a  # per head_dim, shared by the heads: unchanged
+        elif name.endswith("_proj.bias") and a.ndim == 1:
+            out[name] = np.tile(a, f)  # the output is repeated, so is its bias
+        elif name == "model.embed_tokens.weight":
             out[name] = np.tile(a, (1, f))  # each token's vector repeated
         elif name.endswith("norm.weight"):
             out[name] = np.tile(a, f)
@@ -49,10 +54,15 @@ def widen_tensors(w: dict[str, np.ndarray], factor: int) -> dict[str, np.ndarray
 
 def widen_config(config: dict, factor: int) -> dict:
     c = dict(config)
-    head_dim = c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
-    c["head_dim"] = head_dim
+    # The defaults the engine and the reference take, written out before they are scaled.
+    if c.get("head_dim") is None:
+        c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
+    if c.get("num_key_value_heads") is None:
+        c["num_key_value_heads"] = c["num_attention_heads"]
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
-        c[key] = config[key] * factor
+        c[key] = c[key] * factor
+    c["tie_word_embeddings"] = False  # the lm_head is written out (W / factor)
+    c["torch_dtype"] = "float32"  # as written
     c["beaconkv_widened"] = {"factor": factor}
     return c
 
@@ -76,9 +86,16 @@ def widen(model_dir: str, factor: int, out_dir: str) -> None:
         raise ValueError(f"widen_model: --factor must be >= 1, got {factor}")
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
+    weights = os.path.join(model_dir, "model.safetensors")
+    if not os.path.isfile(weights):
+        raise ValueError(f"widen_model: {weights} not found (one unsharded safetensors file is "
+                         "read)")
+    w = read_safetensors(weights)
     if config.get("tie_word_embeddings"):
-        raise ValueError("widen_model: tied embeddings are not supported (the lm_head is scaled)")
-    tensors = widen_tensors(read_safetensors(os.path.join(model_dir, "model.safetensors")), factor)
+        # The widened lm_head (W / factor, tiled over its input) is not the widened embedding:
+        # untie it.
+        w["lm_head.weight"] = w["model.embed_tokens.weight"]
+    tensors = widen_tensors(w, factor)
     os.makedirs(out_dir, exist_ok=True)
     write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
