@@ -96,6 +96,11 @@ class PolicyState {
   // True when Observe() needs the head's keys (h2o accumulates attention over them).
   virtual bool NeedsKeysOnObserve() const { return false; }
 
+  // True when Compress may run for different layers at the same time, from different
+  // threads (each call given its own layer; no Observe meanwhile). The engine then compresses
+  // a sequence's due layers in parallel.
+  virtual bool LayersConcurrent() const { return false; }
+
   // Records one step's queries of (layer, kv_head), oldest step first. Prefill positions
   // may be fed too (h2o sums prefill attention; the others keep only what they need).
   // `keys`: the head's cache including this step's own token; required only when

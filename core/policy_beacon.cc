@@ -17,6 +17,20 @@
 namespace beaconkv::internal {
 namespace {
 
+// A head's scoring scratch, per thread rather than per sequence: different layers of one
+// sequence may be compressed at once (LayersConcurrent), and one copy serves every sequence.
+struct BeaconScratch {
+  std::vector<float> beacons;           // [n_beacons, head_dim]
+  std::vector<float> queries;           // [rows, head_dim]
+  std::vector<float> redundancy;        // [num_tokens]
+  std::vector<uint8_t> outside_prompt;  // ReservePrompt's
+  ScoreScratch score;
+};
+BeaconScratch& Scratch() {
+  static thread_local BeaconScratch scratch;
+  return scratch;
+}
+
 class BeaconState final : public PolicyState {
  public:
   BeaconState(const BeaconConfig& c, const PolicyGeometry& g, int32_t prompt_len, Rope rope)
@@ -39,6 +53,8 @@ class BeaconState final : public PolicyState {
   }
 
   std::string_view policy_name() const override { return "beacon"; }
+  // Each head's rings and bank are its own and the scoring scratch is per thread.
+  bool LayersConcurrent() const override { return true; }
 
   absl::Status Observe(int32_t layer, int32_t kv_head, const StepQueries& step,
                        const HeadKeys*) override {
@@ -140,8 +156,9 @@ class BeaconState final : public PolicyState {
            const int32_t rows = BuildRows(geometry_.HeadIndex(layer, h), current_position,
                                           /*rotate=*/false, &task->rotated_rows);
            task->rotate_to = current_position;
-           task->queries.assign(queries_.begin(), queries_.begin() + static_cast<ptrdiff_t>(rows) *
-                                                                         geometry_.head_dim());
+           task->queries.assign(
+               Scratch().queries.begin(),
+               Scratch().queries.begin() + static_cast<ptrdiff_t>(rows) * geometry_.head_dim());
            // Pooled, the coverage sample and the prompt slots act on the scores when they
            // come back (SelectFromScores), as in Compress.
            if (pooled) return rows;
@@ -195,12 +212,12 @@ class BeaconState final : public PolicyState {
   // scores <- lambda x scores - (1 - lambda) x redundancy, as the scorers rank.
   void Penalise(const OrderedHead& ordered, absl::Span<float> scores) {
     const int32_t n = ordered.size();
-    redundancy_.resize(n);
+    Scratch().redundancy.resize(n);
     RedundancyScores(ordered.keys(), n, geometry_.head_dim(),
-                     static_cast<float>(config_.redundancy_threshold), redundancy_.data());
+                     static_cast<float>(config_.redundancy_threshold), Scratch().redundancy.data());
     const float lambda = PenaltyLambda(n);
     for (int32_t i = 0; i < n; ++i)
-      scores[i] = lambda * scores[i] - (1.0f - lambda) * redundancy_[i];
+      scores[i] = lambda * scores[i] - (1.0f - lambda) * Scratch().redundancy[i];
   }
 
   // Marks the head's PromptSlots() best-scored unprotected prompt tokens kept (ties to the
@@ -210,9 +227,9 @@ class BeaconState final : public PolicyState {
                      absl::Span<const float> scores) {
     const int32_t slots = PromptSlots();
     if (slots <= 0) return;
-    OutsidePrompt(ordered, protect, &outside_prompt_);
+    OutsidePrompt(ordered, protect, &Scratch().outside_prompt);
     const HeadCandidates region{absl::MakeConstSpan(ordered.positions(), ordered.size()),
-                                outside_prompt_, scores};
+                                Scratch().outside_prompt, scores};
     for (int32_t i : TopKUnprotected(region, slots)) protect[i] = 1;
   }
 
@@ -257,8 +274,8 @@ class BeaconState final : public PolicyState {
                  float* scores) {
     const int32_t d = geometry_.head_dim();
     const int32_t rows = BuildRows(head_index, current_position);
-    AttentionScores(ordered.keys(), 0, ordered.size(), d, queries_.data(), rows, 1, Spec(), scores,
-                    &scratch_);
+    AttentionScores(ordered.keys(), 0, ordered.size(), d, Scratch().queries.data(), rows, 1, Spec(),
+                    scores, &Scratch().score);
   }
 
   // Max over the rows of their softmax, in bfloat16 products when the config says so.
@@ -281,35 +298,37 @@ class BeaconState final : public PolicyState {
     for (int32_t i : CoverageFor(layer, ordered, protect)) scores[i] += 2.0f;
   }
 
-  // Fills queries_ with the head's observation rows (every recent post-RoPE query of every
-  // query head, then the beacons rotated to current_position, or left before RoPE when
-  // !rotate, then the blurred rows of the leading beacons); returns their number, and the
+  // Fills this thread's Scratch().queries with the head's observation rows (every recent post-RoPE
+  // query of every query head, then the beacons rotated to current_position, or left before RoPE
+  // when !rotate, then the blurred rows of the leading beacons); returns their number, and the
   // beacon and blurred rows' in *beacon_rows when given (rotating a blurred row before or
   // after zeroing its fast pairs is the same: RoPE turns each pair on its own).
   int32_t BuildRows(int32_t head_index, int32_t current_position, bool rotate = true,
                     int32_t* beacon_rows = nullptr) {
     const int32_t d = geometry_.head_dim();
     const int32_t g = geometry_.group_size;
+    std::vector<float>& queries = Scratch().queries;
+    std::vector<float>& drawn = Scratch().beacons;
     const QueryRing& ring = rings_[head_index];
     const int32_t recent_rows = ring.size() * g;
     BeaconBank& bank = banks_[head_index];
-    const int32_t beacons =
-        rotate ? bank.Beacons(config_.n_beacons, rope_, current_position, &beacons_)
-               : bank.Beacons(config_.n_beacons, &beacons_);
+    const int32_t beacons = rotate
+                                ? bank.Beacons(config_.n_beacons, rope_, current_position, &drawn)
+                                : bank.Beacons(config_.n_beacons, &drawn);
     const bool blurs = blurs_layer_[head_index / geometry_.num_kv_heads];
     const int32_t blurred = blurs ? std::min(beacons, config_.blurred_beacons) : 0;
     if (beacon_rows != nullptr) *beacon_rows = beacons + blurred;
     // Every recent query of every query head, and every beacon, is one observation row;
     // max over rows == max over queries and over the group.
-    queries_.resize(static_cast<size_t>(recent_rows + beacons + blurred) * d);
-    ring.CopyOrdered(queries_.data());
-    std::copy(beacons_.begin(), beacons_.end(),
-              queries_.begin() + static_cast<ptrdiff_t>(recent_rows) * d);
+    queries.resize(static_cast<size_t>(recent_rows + beacons + blurred) * d);
+    ring.CopyOrdered(queries.data());
+    std::copy(drawn.begin(), drawn.end(),
+              queries.begin() + static_cast<ptrdiff_t>(recent_rows) * d);
     // Blurred rows: pair i of a RoPE'd vector is (i, i + d / 2), turning faster the smaller i.
     const int32_t half = d / 2;
     for (int32_t b = 0; b < blurred; ++b) {
-      float* row = queries_.data() + static_cast<size_t>(recent_rows + beacons + b) * d;
-      std::copy_n(beacons_.data() + static_cast<size_t>(b) * d, d, row);
+      float* row = queries.data() + static_cast<size_t>(recent_rows + beacons + b) * d;
+      std::copy_n(drawn.data() + static_cast<size_t>(b) * d, d, row);
       std::fill_n(row, blur_pairs_, 0.0f);
       std::fill_n(row + half, blur_pairs_, 0.0f);
     }
@@ -318,15 +337,10 @@ class BeaconState final : public PolicyState {
 
   BeaconConfig config_;
   Rope rope_;
-  int32_t blur_pairs_ = 0;               // leading RoPE pairs zeroed in a blurred beacon row
-  std::vector<bool> blurs_layer_;        // [num_layers]: the layer's heads score blurred rows
-  std::vector<QueryRing> rings_;         // [num_heads_total], newest n_recent post-RoPE steps
-  std::vector<BeaconBank> banks_;        // [num_heads_total], pre-RoPE query buffers
-  std::vector<float> beacons_;           // [n_beacons, head_dim] scratch
-  std::vector<float> queries_;           // [rows, head_dim] scratch
-  std::vector<float> redundancy_;        // [num_tokens] scratch
-  std::vector<uint8_t> outside_prompt_;  // ReservePrompt scratch
-  ScoreScratch scratch_;
+  int32_t blur_pairs_ = 0;         // leading RoPE pairs zeroed in a blurred beacon row
+  std::vector<bool> blurs_layer_;  // [num_layers]: the layer's heads score blurred rows
+  std::vector<QueryRing> rings_;   // [num_heads_total], newest n_recent post-RoPE steps
+  std::vector<BeaconBank> banks_;  // [num_heads_total], pre-RoPE query buffers
 };
 
 }  // namespace

@@ -52,15 +52,29 @@ HeadKeys GatherHead(const BlockManager& bm, const CpuKvStore& store, SequenceId 
 
 absl::StatusOr<std::vector<KeepSet>> HostKeepSets(const BlockManager& bm, const CpuKvStore& store,
                                                   PolicyState& policy, SequenceId id,
-                                                  int32_t current_position) {
-  std::vector<KeepSet> out;
+                                                  int32_t current_position, int num_threads) {
+  std::vector<int32_t> layers;
+  std::vector<std::vector<int32_t>> dues;
   for (int32_t l = 0; l < bm.shape().num_layers; ++l) {
-    BKV_ASSIGN_OR_RETURN(const std::vector<int32_t> due, Due(bm, policy, id, l));
+    BKV_ASSIGN_OR_RETURN(std::vector<int32_t> due, Due(bm, policy, id, l));
     if (due.empty()) continue;
-    BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> sets,
-                         HostLayer(bm, store, policy, id, l, due, current_position));
-    out.insert(out.end(), std::make_move_iterator(sets.begin()),
-               std::make_move_iterator(sets.end()));
+    layers.push_back(l);
+    dues.push_back(std::move(due));
+  }
+  const auto n = static_cast<int64_t>(layers.size());
+  std::vector<absl::StatusOr<std::vector<KeepSet>>> sets(n);
+  // One region per compressing sequence, each layer a whole head set's scoring (tens of
+  // microseconds at least), dynamic: a thread the machine does not run leaves the rest to the
+  // others.
+  const bool parallel = num_threads > 1 && n > 1 && policy.LayersConcurrent();
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (parallel)
+  for (int64_t i = 0; i < n; ++i)
+    sets[i] = HostLayer(bm, store, policy, id, layers[i], dues[i], current_position);
+  std::vector<KeepSet> out;
+  for (absl::StatusOr<std::vector<KeepSet>>& set : sets) {
+    if (!set.ok()) return set.status();
+    out.insert(out.end(), std::make_move_iterator(set->begin()),
+               std::make_move_iterator(set->end()));
   }
   return out;
 }

@@ -21,10 +21,12 @@ HeadKeys GatherHead(const BlockManager& bm, const CpuKvStore& store, SequenceId 
                     int32_t kv_head, std::vector<float>* keys, std::vector<int32_t>* positions);
 
 // The policy's keep-sets for every layer of `id` whose heads are due (DueHeads on the retained
-// counts), from Compress on the gathered keys; layers ascending. Reads only.
+// counts), from Compress on the gathered keys; layers ascending. Reads only. With num_threads
+// > 1 and a policy whose layers compress concurrently (LayersConcurrent), the due layers run
+// on that many OpenMP threads: the same keep-sets.
 absl::StatusOr<std::vector<KeepSet>> HostKeepSets(const BlockManager& bm, const CpuKvStore& store,
                                                   PolicyState& policy, SequenceId id,
-                                                  int32_t current_position);
+                                                  int32_t current_position, int num_threads = 1);
 
 struct CompressTarget {
   SequenceId id = 0;

@@ -579,7 +579,8 @@ absl::Status Engine::Compress(int64_t id) {
   std::vector<KeepSet> keep;
   {
     ScopedTimer t(&stats_.time_selection);
-    BKV_ASSIGN_OR_RETURN(keep, HostKeepSets(*bm_, *store_, *s.policy, id, current));
+    BKV_ASSIGN_OR_RETURN(keep,
+                         HostKeepSets(*bm_, *store_, *s.policy, id, current, config_.num_threads));
   }
   return ApplyCompression(s, keep, current);
 }

@@ -92,6 +92,22 @@ def test_greedy_is_batch_and_block_size_invariant(prompts, block_size):
     assert reference_16 == alone
 
 
+def test_beacon_compressions_on_two_threads_are_those_of_one(prompts):
+    """With two threads a sequence's due layers are compressed in parallel (the policy allows
+    it: PolicyState::LayersConcurrent); the outputs, evictions and peaks are the same."""
+    ids, _ = prompts
+    policy = beaconkv.make_policy_config("beacon", 64, knobs={"n_recent": 32})
+    runs = []
+    for threads in (1, 2):
+        out, eng, outs = generate(ids, max_new=160, with_outputs=True, policy=policy,
+                                  max_batch=4, num_threads=threads)
+        stats = json.loads(eng.stats_json())
+        runs.append((out, stats["tokens_evicted"], stats["compressions"],
+                     [outs[i]["peak_retained_tokens"] for i in range(len(ids))]))
+    assert runs[0][1] > 0 and runs[0][2] > 0, "the run never compressed"
+    assert runs[1] == runs[0]
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_swap_preemption_is_exact_for_every_policy(prompts, policy):
     ids, _ = prompts
