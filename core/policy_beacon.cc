@@ -212,12 +212,13 @@ class BeaconState final : public PolicyState {
   // scores <- lambda x scores - (1 - lambda) x redundancy, as the scorers rank.
   void Penalise(const OrderedHead& ordered, absl::Span<float> scores) {
     const int32_t n = ordered.size();
-    Scratch().redundancy.resize(n);
+    std::vector<float>& redundancy = Scratch().redundancy;
+    redundancy.resize(n);
     RedundancyScores(ordered.keys(), n, geometry_.head_dim(),
-                     static_cast<float>(config_.redundancy_threshold), Scratch().redundancy.data());
+                     static_cast<float>(config_.redundancy_threshold), redundancy.data());
     const float lambda = PenaltyLambda(n);
     for (int32_t i = 0; i < n; ++i)
-      scores[i] = lambda * scores[i] - (1.0f - lambda) * Scratch().redundancy[i];
+      scores[i] = lambda * scores[i] - (1.0f - lambda) * redundancy[i];
   }
 
   // Marks the head's PromptSlots() best-scored unprotected prompt tokens kept (ties to the

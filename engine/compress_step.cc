@@ -66,10 +66,19 @@ absl::StatusOr<std::vector<KeepSet>> HostKeepSets(const BlockManager& bm, const 
   // One region per compressing sequence, each layer a whole head set's scoring (tens of
   // microseconds at least), dynamic: a thread the machine does not run leaves the rest to the
   // others.
+  // In turn, the layers after a failing one are not compressed (their policy state stays as
+  // it was); in parallel every layer runs, and the first error in layer order is returned.
   const bool parallel = num_threads > 1 && n > 1 && policy.LayersConcurrent();
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (parallel)
-  for (int64_t i = 0; i < n; ++i)
-    sets[i] = HostLayer(bm, store, policy, id, layers[i], dues[i], current_position);
+  if (!parallel) {
+    for (int64_t i = 0; i < n; ++i) {
+      sets[i] = HostLayer(bm, store, policy, id, layers[i], dues[i], current_position);
+      if (!sets[i].ok()) return sets[i].status();
+    }
+  } else {
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i)
+      sets[i] = HostLayer(bm, store, policy, id, layers[i], dues[i], current_position);
+  }
   std::vector<KeepSet> out;
   for (absl::StatusOr<std::vector<KeepSet>>& set : sets) {
     if (!set.ok()) return set.status();

@@ -95,7 +95,9 @@ TEST(EngineConcurrencyTest, StepsFromTwoThreadsMatchOneThread) {
 
 // The contract behind the engine's parallel compressions (PolicyState::LayersConcurrent):
 // beacon's layers compressed from four threads at once give the keep-sets of one thread
-// compressing them in turn (run under ThreadSanitizer in CI).
+// compressing them in turn (run under ThreadSanitizer in CI), with the defaults and with the
+// paths that use more of the per-thread scratch (redundancy, blurred rows, a radius, pooled
+// budgets).
 TEST(PolicyConcurrencyTest, BeaconLayersCompressedAtOnceMatchInTurn) {
   constexpr int32_t kLayers = 4, kKvHeads = 2, kGroup = 2, kDim = 32, kPrompt = 40, kTokens = 300;
   PolicyGeometry geo;
@@ -103,64 +105,76 @@ TEST(PolicyConcurrencyTest, BeaconLayersCompressedAtOnceMatchInTurn) {
   geo.num_kv_heads = kKvHeads;
   geo.group_size = kGroup;
   geo.rope.head_dim = kDim;
-  BeaconConfig config;
-  config.budget = 96;
-  config.n_recent = 16;
-  std::unique_ptr<PolicyState> in_turn, at_once;
-  for (std::unique_ptr<PolicyState>* state : {&in_turn, &at_once}) {
-    auto made = NewPolicyState(config, geo, kPrompt);
-    ASSERT_TRUE(made.ok()) << made.status();
-    *state = *std::move(made);
-  }
-  ASSERT_TRUE(at_once->LayersConcurrent());
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  // Queries in a few directions, as a head's are, so the draws have clusters to find.
-  std::vector<std::vector<float>> centers(6, std::vector<float>(kDim));
-  for (auto& c : centers)
-    for (float& x : c) x = normal(rng);
-  auto query = [&](std::vector<float>* q) {
-    const std::vector<float>& c = centers[rng() % centers.size()];
-    for (int32_t i = 0; i < kDim; ++i) q->push_back(c[i] + 0.2f * normal(rng));
-  };
-  for (int32_t p = 0; p < kTokens; ++p) {
-    for (int32_t l = 0; l < kLayers; ++l) {
-      for (int32_t h = 0; h < kKvHeads; ++h) {
-        std::vector<float> pre, post;
-        for (int32_t g = 0; g < kGroup; ++g) query(&pre), query(&post);
-        for (PolicyState* state : {in_turn.get(), at_once.get()})
-          ASSERT_TRUE(state->Observe(l, h, {p, pre.data(), post.data()}, nullptr).ok());
+  BeaconConfig defaults;
+  defaults.budget = 96;
+  defaults.n_recent = 16;
+  BeaconConfig more = defaults;
+  more.redundancy = 0.5;
+  more.blur_speed = 0.02;
+  more.beacon_radius = 0.05;
+  BeaconConfig pooled = defaults;
+  pooled.budget_mode = BudgetMode::kPooled;
+  for (const BeaconConfig& config : {defaults, more, pooled}) {
+    std::unique_ptr<PolicyState> in_turn, at_once;
+    for (std::unique_ptr<PolicyState>* state : {&in_turn, &at_once}) {
+      auto made = NewPolicyState(config, geo, kPrompt);
+      ASSERT_TRUE(made.ok()) << made.status();
+      *state = *std::move(made);
+    }
+    ASSERT_TRUE(at_once->LayersConcurrent());
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    // Queries in a few directions, as a head's are, so the draws have clusters to find.
+    std::vector<std::vector<float>> centers(6, std::vector<float>(kDim));
+    for (auto& c : centers)
+      for (float& x : c) x = normal(rng);
+    auto query = [&](std::vector<float>* q) {
+      const std::vector<float>& c = centers[rng() % centers.size()];
+      for (int32_t i = 0; i < kDim; ++i) q->push_back(c[i] + 0.2f * normal(rng));
+    };
+    for (int32_t p = 0; p < kTokens; ++p) {
+      for (int32_t l = 0; l < kLayers; ++l) {
+        for (int32_t h = 0; h < kKvHeads; ++h) {
+          std::vector<float> pre, post;
+          for (int32_t g = 0; g < kGroup; ++g) query(&pre), query(&post);
+          for (PolicyState* state : {in_turn.get(), at_once.get()})
+            ASSERT_TRUE(state->Observe(l, h, {p, pre.data(), post.data()}, nullptr).ok());
+        }
       }
     }
-  }
-  std::vector<float> keys(static_cast<size_t>(kLayers) * kKvHeads * kTokens * kDim);
-  for (float& x : keys) x = normal(rng);
-  std::vector<int32_t> positions(kTokens);
-  for (int32_t i = 0; i < kTokens; ++i) positions[i] = i;
-  auto heads_of = [&](int32_t l) {
-    std::vector<HeadKeys> heads;
-    for (int32_t h = 0; h < kKvHeads; ++h) {
-      const float* k = keys.data() + (static_cast<size_t>(l) * kKvHeads + h) * kTokens * kDim;
-      heads.push_back({k, positions.data(), kTokens});
+    std::vector<float> keys(static_cast<size_t>(kLayers) * kKvHeads * kTokens * kDim);
+    for (float& x : keys) x = normal(rng);
+    std::vector<int32_t> positions(kTokens);
+    for (int32_t i = 0; i < kTokens; ++i) positions[i] = i;
+    auto heads_of = [&](int32_t l) {
+      std::vector<HeadKeys> heads;
+      for (int32_t h = 0; h < kKvHeads; ++h) {
+        const float* k = keys.data() + (static_cast<size_t>(l) * kKvHeads + h) * kTokens * kDim;
+        heads.push_back({k, positions.data(), kTokens});
+      }
+      return heads;
+    };
+    const std::vector<int32_t> due = {0, 1};
+    std::vector<absl::StatusOr<std::vector<KeepSet>>> expected, got(kLayers);
+    for (int32_t l = 0; l < kLayers; ++l)
+      expected.push_back(in_turn->Compress(l, heads_of(l), due, kTokens - 1));
+    std::vector<std::thread> threads;
+    for (int32_t l = 0; l < kLayers; ++l)
+      threads.emplace_back(
+          [&, l] { got[l] = at_once->Compress(l, heads_of(l), due, kTokens - 1); });
+    for (std::thread& t : threads) t.join();
+    int64_t kept = 0;
+    for (int32_t l = 0; l < kLayers; ++l) {
+      ASSERT_TRUE(expected[l].ok()) << expected[l].status();
+      ASSERT_TRUE(got[l].ok()) << got[l].status();
+      ASSERT_EQ(got[l]->size(), expected[l]->size());
+      for (size_t i = 0; i < got[l]->size(); ++i) {
+        EXPECT_EQ((*got[l])[i].slots, (*expected[l])[i].slots) << "layer " << l << " head " << i;
+        kept += static_cast<int64_t>((*got[l])[i].slots.size());
+      }
     }
-    return heads;
-  };
-  const std::vector<int32_t> due = {0, 1};
-  std::vector<absl::StatusOr<std::vector<KeepSet>>> expected, got(kLayers);
-  for (int32_t l = 0; l < kLayers; ++l)
-    expected.push_back(in_turn->Compress(l, heads_of(l), due, kTokens - 1));
-  std::vector<std::thread> threads;
-  for (int32_t l = 0; l < kLayers; ++l)
-    threads.emplace_back([&, l] { got[l] = at_once->Compress(l, heads_of(l), due, kTokens - 1); });
-  for (std::thread& t : threads) t.join();
-  for (int32_t l = 0; l < kLayers; ++l) {
-    ASSERT_TRUE(expected[l].ok()) << expected[l].status();
-    ASSERT_TRUE(got[l].ok()) << got[l].status();
-    ASSERT_EQ(got[l]->size(), expected[l]->size());
-    for (size_t i = 0; i < got[l]->size(); ++i) {
-      EXPECT_EQ((*got[l])[i].slots, (*expected[l])[i].slots) << "layer " << l << " head " << i;
-      EXPECT_EQ(static_cast<int32_t>((*got[l])[i].slots.size()), config.budget);
-    }
+    // Every layer kept its budget (per head, or pooled over the layer's heads): it compressed.
+    EXPECT_EQ(kept, int64_t{kLayers} * kKvHeads * config.budget);
   }
 }
 
