@@ -156,9 +156,9 @@ class BeaconState final : public PolicyState {
            const int32_t rows = BuildRows(geometry_.HeadIndex(layer, h), current_position,
                                           /*rotate=*/false, &task->rotated_rows);
            task->rotate_to = current_position;
-           task->queries.assign(
-               Scratch().queries.begin(),
-               Scratch().queries.begin() + static_cast<ptrdiff_t>(rows) * geometry_.head_dim());
+           const std::vector<float>& queries = Scratch().queries;
+           task->queries.assign(queries.begin(), queries.begin() + static_cast<ptrdiff_t>(rows) *
+                                                                       geometry_.head_dim());
            // Pooled, the coverage sample and the prompt slots act on the scores when they
            // come back (SelectFromScores), as in Compress.
            if (pooled) return rows;
@@ -228,9 +228,10 @@ class BeaconState final : public PolicyState {
                      absl::Span<const float> scores) {
     const int32_t slots = PromptSlots();
     if (slots <= 0) return;
-    OutsidePrompt(ordered, protect, &Scratch().outside_prompt);
-    const HeadCandidates region{absl::MakeConstSpan(ordered.positions(), ordered.size()),
-                                Scratch().outside_prompt, scores};
+    std::vector<uint8_t>& outside = Scratch().outside_prompt;
+    OutsidePrompt(ordered, protect, &outside);
+    const HeadCandidates region{absl::MakeConstSpan(ordered.positions(), ordered.size()), outside,
+                                scores};
     for (int32_t i : TopKUnprotected(region, slots)) protect[i] = 1;
   }
 
@@ -275,8 +276,9 @@ class BeaconState final : public PolicyState {
                  float* scores) {
     const int32_t d = geometry_.head_dim();
     const int32_t rows = BuildRows(head_index, current_position);
-    AttentionScores(ordered.keys(), 0, ordered.size(), d, Scratch().queries.data(), rows, 1, Spec(),
-                    scores, &Scratch().score);
+    BeaconScratch& scratch = Scratch();
+    AttentionScores(ordered.keys(), 0, ordered.size(), d, scratch.queries.data(), rows, 1, Spec(),
+                    scores, &scratch.score);
   }
 
   // Max over the rows of their softmax, in bfloat16 products when the config says so.

@@ -63,11 +63,11 @@ absl::StatusOr<std::vector<KeepSet>> HostKeepSets(const BlockManager& bm, const 
   }
   const auto n = static_cast<int64_t>(layers.size());
   std::vector<absl::StatusOr<std::vector<KeepSet>>> sets(n);
-  // One region per compressing sequence, each layer a whole head set's scoring (tens of
-  // microseconds at least), dynamic: a thread the machine does not run leaves the rest to the
-  // others.
-  // In turn, the layers after a failing one are not compressed (their policy state stays as
-  // it was); in parallel every layer runs, and the first error in layer order is returned.
+  // In parallel: one region per compressing sequence, a layer (a whole head set's scoring,
+  // tens of microseconds at least) per task, dynamic, so a thread the machine does not run
+  // leaves the rest to the others; every layer runs and the first error in layer order is
+  // returned. In turn, the layers after a failing one are not compressed (their policy state
+  // stays as it was).
   const bool parallel = num_threads > 1 && n > 1 && policy.LayersConcurrent();
   if (!parallel) {
     for (int64_t i = 0; i < n; ++i) {

