@@ -290,10 +290,10 @@ class VllmKvCache {
   }
 
   // Compress for a step's sequences (seq_ids[i] at its newest position positions[i]): every
-  // sequence's keep-sets are computed on up to `num_threads` threads, one sequence at a time
-  // each (the pool is only read), then applied in the given order. The same decisions as
-  // Compress on each in turn: a sequence's policy sees only its own heads, and applying one
-  // sequence's keep-sets does not touch another's. Returns the summed counts, and with
+  // sequence's keep-sets are computed on up to `num_threads` threads (HostKeepSets: a
+  // sequence, layer or head per task; the pool is only read), then applied in the given order. The
+  // same decisions as Compress on each in turn: a sequence's policy sees only its own heads, and
+  // applying one sequence's keep-sets does not touch another's. Returns the summed counts, and with
   // return_keep the applied keep-sets, keep: [(seq, [(layer, kv_head, slots)])] (for the
   // scheduler's replica pool when the scheduler runs in another process).
   py::dict CompressMany(const IntArray& seq_ids, const IntArray& positions, int num_threads,
@@ -313,25 +313,21 @@ class VllmKvCache {
     int64_t evicted = 0, freed = 0, compressions = 0;
     std::vector<absl::StatusOr<std::vector<KeepSet>>> sets(n);
     Check(Locked([&]() -> absl::Status {
-      std::vector<PolicyState*> pols(n);
+      std::vector<CompressTarget> targets(n);
       for (int64_t i = 0; i < n; ++i) {
         auto it = policies_.find(ids[i]);
         if (it == policies_.end()) {
           return absl::InvalidArgumentError(absl::StrFormat("unknown sequence %d", ids[i]));
         }
-        pols[i] = it->second.get();
+        targets[i] = {ids[i], it->second.get(), pos[i]};
       }
       if (scorer_ != nullptr) {
         // Every planned head of the step in one scorer call (the device's batch).
-        std::vector<CompressTarget> targets(n);
-        for (int64_t i = 0; i < n; ++i) targets[i] = {ids[i], pols[i], pos[i]};
         BKV_ASSIGN_OR_RETURN(std::vector<std::vector<KeepSet>> scored,
                              ScoredKeepSets(*manager_, *store_, *scorer_, targets));
         for (int64_t i = 0; i < n; ++i) sets[i] = std::move(scored[i]);
       } else {
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (num_threads > 1 && n > 1)
-        for (int64_t i = 0; i < n; ++i)
-          sets[i] = HostKeepSets(*manager_, *store_, *pols[i], ids[i], pos[i]);
+        sets = HostKeepSets(*manager_, *store_, targets, num_threads);
       }
       for (int64_t i = 0; i < n; ++i) {
         if (!sets[i].ok()) return sets[i].status();

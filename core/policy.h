@@ -100,6 +100,11 @@ class PolicyState {
   // threads (each call given its own layer; no Observe meanwhile). The engine then compresses
   // a sequence's due layers in parallel.
   virtual bool LayersConcurrent() const { return false; }
+  // True (with LayersConcurrent) when Compress may also run for different heads of one layer
+  // at the same time, each call given its own due head, and a layer's keep-sets are those of
+  // its due heads compressed one at a time: no budget or state shared between heads (uniform
+  // budgets). The engine then splits a sequence's compressions by head.
+  virtual bool HeadsConcurrent() const { return false; }
 
   // Records one step's queries of (layer, kv_head), oldest step first. Prefill positions
   // may be fed too (h2o sums prefill attention; the others keep only what they need).

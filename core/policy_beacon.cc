@@ -55,6 +55,8 @@ class BeaconState final : public PolicyState {
   std::string_view policy_name() const override { return "beacon"; }
   // Each head's rings and bank are its own and the scoring scratch is per thread.
   bool LayersConcurrent() const override { return true; }
+  // Uniform budgets select each head on its own; pooled ones share the layer's budget.
+  bool HeadsConcurrent() const override { return config_.budget_mode == BudgetMode::kUniform; }
 
   absl::Status Observe(int32_t layer, int32_t kv_head, const StepQueries& step,
                        const HeadKeys*) override {

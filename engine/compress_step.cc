@@ -21,16 +21,36 @@ absl::StatusOr<std::vector<int32_t>> Due(const BlockManager& bm, PolicyState& po
   return policy.DueHeads(layer, tokens);
 }
 
+// Compress on the gathered keys of `layer`: of every head, or only of the due ones when the
+// policy compresses its heads one by one (the others are not read then).
 absl::StatusOr<std::vector<KeepSet>> HostLayer(const BlockManager& bm, const CpuKvStore& store,
                                                PolicyState& policy, SequenceId id, int32_t layer,
                                                absl::Span<const int32_t> due, int32_t current) {
   const int32_t kv_heads = bm.shape().num_kv_heads;
+  const bool only_due = policy.HeadsConcurrent();
   std::vector<std::vector<float>> keys(kv_heads);
   std::vector<std::vector<int32_t>> positions(kv_heads);
   std::vector<HeadKeys> heads(kv_heads);
-  for (int32_t h = 0; h < kv_heads; ++h)
+  for (int32_t h = 0; h < kv_heads; ++h) {
+    if (only_due && std::find(due.begin(), due.end(), h) == due.end()) continue;
     heads[h] = GatherHead(bm, store, id, layer, h, &keys[h], &positions[h]);
+  }
   return policy.Compress(layer, heads, due, current);
+}
+
+// One target's due layers compressed in turn: HostKeepSets on one thread.
+absl::StatusOr<std::vector<KeepSet>> InTurn(const BlockManager& bm, const CpuKvStore& store,
+                                            const CompressTarget& target) {
+  std::vector<KeepSet> out;
+  for (int32_t l = 0; l < bm.shape().num_layers; ++l) {
+    BKV_ASSIGN_OR_RETURN(const std::vector<int32_t> due, Due(bm, *target.policy, target.id, l));
+    if (due.empty()) continue;
+    BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> sets, HostLayer(bm, store, *target.policy, target.id,
+                                                              l, due, target.current_position));
+    out.insert(out.end(), std::make_move_iterator(sets.begin()),
+               std::make_move_iterator(sets.end()));
+  }
+  return out;
 }
 
 }  // namespace
@@ -50,42 +70,80 @@ HeadKeys GatherHead(const BlockManager& bm, const CpuKvStore& store, SequenceId 
   return HeadKeys{keys != nullptr ? keys->data() : nullptr, positions->data(), n};
 }
 
+std::vector<absl::StatusOr<std::vector<KeepSet>>> HostKeepSets(
+    const BlockManager& bm, const CpuKvStore& store, absl::Span<const CompressTarget> targets,
+    int num_threads) {
+  const size_t num_targets = targets.size();
+  std::vector<absl::StatusOr<std::vector<KeepSet>>> out(num_targets, std::vector<KeepSet>{});
+  if (num_threads <= 1) {
+    for (size_t t = 0; t < num_targets; ++t) out[t] = InTurn(bm, store, targets[t]);
+    return out;
+  }
+  // The tasks: a target whose policy's layers do not compress concurrently is one (its layers
+  // in turn), when a layer is due; otherwise each due layer is one, or each due head
+  // (HeadsConcurrent: a layer 0 of copies is cheap, so four layers split unevenly over two
+  // threads, eight heads less so). All targets' tasks share one region: a step's compressing
+  // sequences often come together (prompts of similar lengths reach the interval on the same
+  // step), and a region costs a wake-up of the other threads. No task, no region.
+  struct Task {
+    size_t target;
+    int32_t layer;  // -1: every layer of the target, in turn
+    std::vector<int32_t> due;
+  };
+  std::vector<Task> tasks;
+  for (size_t t = 0; t < num_targets; ++t) {
+    const CompressTarget& target = targets[t];
+    const bool layers = target.policy->LayersConcurrent();
+    const bool by_head = layers && target.policy->HeadsConcurrent();
+    for (int32_t l = 0; l < bm.shape().num_layers; ++l) {
+      absl::StatusOr<std::vector<int32_t>> due = Due(bm, *target.policy, target.id, l);
+      if (!due.ok()) {
+        out[t] = due.status();
+        break;
+      }
+      if (due->empty()) continue;
+      if (!layers) {
+        tasks.push_back({t, -1, {}});
+        break;
+      }
+      if (by_head) {
+        for (const int32_t h : *due) tasks.push_back({t, l, {h}});
+      } else {
+        tasks.push_back({t, l, *std::move(due)});
+      }
+    }
+  }
+  const auto n = static_cast<int64_t>(tasks.size());
+  std::vector<absl::StatusOr<std::vector<KeepSet>>> sets(n);
+  // A task per iteration, dynamic, so a thread the machine does not run leaves the rest to
+  // the others. Every task runs; a target's first error in (layer, head) order is its result.
+  if (n == 0) return out;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) {
+    const Task& task = tasks[i];
+    const CompressTarget& target = targets[task.target];
+    sets[i] = task.layer < 0 ? InTurn(bm, store, target)
+                             : HostLayer(bm, store, *target.policy, target.id, task.layer, task.due,
+                                         target.current_position);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    absl::StatusOr<std::vector<KeepSet>>& result = out[tasks[i].target];
+    if (!result.ok()) continue;  // an earlier error of the target (or its Due) stands
+    if (!sets[i].ok()) {
+      result = sets[i].status();
+      continue;
+    }
+    result->insert(result->end(), std::make_move_iterator(sets[i]->begin()),
+                   std::make_move_iterator(sets[i]->end()));
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<KeepSet>> HostKeepSets(const BlockManager& bm, const CpuKvStore& store,
                                                   PolicyState& policy, SequenceId id,
                                                   int32_t current_position, int num_threads) {
-  std::vector<int32_t> layers;
-  std::vector<std::vector<int32_t>> dues;
-  for (int32_t l = 0; l < bm.shape().num_layers; ++l) {
-    BKV_ASSIGN_OR_RETURN(std::vector<int32_t> due, Due(bm, policy, id, l));
-    if (due.empty()) continue;
-    layers.push_back(l);
-    dues.push_back(std::move(due));
-  }
-  const auto n = static_cast<int64_t>(layers.size());
-  std::vector<absl::StatusOr<std::vector<KeepSet>>> sets(n);
-  // In parallel: one region per compressing sequence, a layer (a whole head set's scoring,
-  // tens of microseconds at least) per task, dynamic, so a thread the machine does not run
-  // leaves the rest to the others; every layer runs and the first error in layer order is
-  // returned. In turn, the layers after a failing one are not compressed (their policy state
-  // stays as it was).
-  const bool parallel = num_threads > 1 && n > 1 && policy.LayersConcurrent();
-  if (!parallel) {
-    for (int64_t i = 0; i < n; ++i) {
-      sets[i] = HostLayer(bm, store, policy, id, layers[i], dues[i], current_position);
-      if (!sets[i].ok()) return sets[i].status();
-    }
-  } else {
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i)
-      sets[i] = HostLayer(bm, store, policy, id, layers[i], dues[i], current_position);
-  }
-  std::vector<KeepSet> out;
-  for (absl::StatusOr<std::vector<KeepSet>>& set : sets) {
-    if (!set.ok()) return set.status();
-    out.insert(out.end(), std::make_move_iterator(set->begin()),
-               std::make_move_iterator(set->end()));
-  }
-  return out;
+  const CompressTarget target{id, &policy, current_position};
+  return std::move(HostKeepSets(bm, store, absl::MakeConstSpan(&target, 1), num_threads)[0]);
 }
 
 absl::StatusOr<std::vector<std::vector<KeepSet>>> ScoredKeepSets(

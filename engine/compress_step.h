@@ -22,8 +22,8 @@ HeadKeys GatherHead(const BlockManager& bm, const CpuKvStore& store, SequenceId 
 
 // The policy's keep-sets for every layer of `id` whose heads are due (DueHeads on the retained
 // counts), from Compress on the gathered keys; layers ascending. Reads only. With num_threads
-// > 1 and a policy whose layers compress concurrently (LayersConcurrent), the due layers run
-// on that many OpenMP threads: the same keep-sets.
+// > 1 and a policy whose layers compress concurrently (LayersConcurrent), the due layers (the
+// due heads, HeadsConcurrent) run on that many OpenMP threads: the same keep-sets.
 absl::StatusOr<std::vector<KeepSet>> HostKeepSets(const BlockManager& bm, const CpuKvStore& store,
                                                   PolicyState& policy, SequenceId id,
                                                   int32_t current_position, int num_threads = 1);
@@ -33,6 +33,15 @@ struct CompressTarget {
   PolicyState* policy = nullptr;
   int32_t current_position = 0;  // the newest cached token's position
 };
+
+// HostKeepSets for several sequences (distinct ids) at once: per target, the keep-sets it
+// gives the target alone, or the target's error. With num_threads > 1 every target's work runs
+// in one OpenMP region: a target per task, or, when its policy's layers (heads) compress
+// concurrently, a due layer (head) per task; every task runs. With one thread the targets
+// are compressed in turn, each stopping at its first failing layer.
+std::vector<absl::StatusOr<std::vector<KeepSet>>> HostKeepSets(
+    const BlockManager& bm, const CpuKvStore& store, absl::Span<const CompressTarget> targets,
+    int num_threads);
 
 // HostKeepSets for every target, except that layers whose policy plans (PlanScoring) are
 // scored and selected by `scorer`, all of a step's planned heads in one call per scoring

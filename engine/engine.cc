@@ -564,25 +564,33 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   for (int64_t b = 0; b < rows; ++b) {
     if (states[b]->out.finish_reason == FinishReason::kRunning) compress.push_back(ids[b]);
   }
-  if (scorer_ != nullptr) {
-    BKV_RETURN_IF_ERROR(CompressWithScorer(compress));
-  } else {
-    for (int64_t id : compress) BKV_RETURN_IF_ERROR(Compress(id));
-  }
+  BKV_RETURN_IF_ERROR(Compress(compress));
   for (int64_t id : done) Finish(id, finished);
   return absl::OkStatus();
 }
 
-absl::Status Engine::Compress(int64_t id) {
-  SeqState& s = *seqs_.at(id);
-  const int32_t current = BKV_CHECK_VALUE(bm_->NextPosition(id)) - 1;
-  std::vector<KeepSet> keep;
+absl::Status Engine::Compress(absl::Span<const int64_t> ids) {
+  std::vector<CompressTarget> targets;
+  for (int64_t id : ids) {
+    targets.push_back({id, seqs_.at(id)->policy.get(), BKV_CHECK_VALUE(bm_->NextPosition(id)) - 1});
+  }
+  std::vector<absl::StatusOr<std::vector<KeepSet>>> keep;
   {
     ScopedTimer t(&stats_.time_selection);
-    BKV_ASSIGN_OR_RETURN(keep,
-                         HostKeepSets(*bm_, *store_, *s.policy, id, current, config_.num_threads));
+    if (scorer_ == nullptr) {
+      keep = HostKeepSets(*bm_, *store_, targets, config_.num_threads);
+    } else {
+      BKV_ASSIGN_OR_RETURN(std::vector<std::vector<KeepSet>> scored,
+                           ScoredKeepSets(*bm_, *store_, *scorer_, targets));
+      keep.assign(std::make_move_iterator(scored.begin()), std::make_move_iterator(scored.end()));
+    }
   }
-  return ApplyCompression(s, keep, current);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    BKV_RETURN_IF_ERROR(keep[i].status());
+    BKV_RETURN_IF_ERROR(
+        ApplyCompression(*seqs_.at(targets[i].id), *keep[i], targets[i].current_position));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep,
@@ -602,23 +610,6 @@ absl::Status Engine::ApplyCompression(SeqState& s, absl::Span<const KeepSet> kee
   stats_.tokens_evicted += plan.tokens_evicted;
   stats_.blocks_freed_by_eviction += plan.blocks_freed;
   s.out.tokens_evicted += plan.tokens_evicted;
-  return absl::OkStatus();
-}
-
-absl::Status Engine::CompressWithScorer(absl::Span<const int64_t> ids) {
-  std::vector<CompressTarget> targets;
-  for (int64_t id : ids) {
-    targets.push_back({id, seqs_.at(id)->policy.get(), BKV_CHECK_VALUE(bm_->NextPosition(id)) - 1});
-  }
-  std::vector<std::vector<KeepSet>> keep;
-  {
-    ScopedTimer t(&stats_.time_selection);
-    BKV_ASSIGN_OR_RETURN(keep, ScoredKeepSets(*bm_, *store_, *scorer_, targets));
-  }
-  for (size_t i = 0; i < targets.size(); ++i) {
-    BKV_RETURN_IF_ERROR(
-        ApplyCompression(*seqs_.at(targets[i].id), keep[i], targets[i].current_position));
-  }
   return absl::OkStatus();
 }
 

@@ -96,10 +96,10 @@ class Engine {
   absl::Status Admit(SeqState& s);
   absl::Status Preempt(int64_t id);
   absl::Status DecodeStep(std::vector<RequestOutput>* finished);
-  absl::Status Compress(int64_t id);
-  // The kPaged path: ScoredKeepSets for every sequence of `ids` (all planned heads of the step
-  // in one scorer call), then ApplyCompression for each.
-  absl::Status CompressWithScorer(absl::Span<const int64_t> ids);
+  // The keep-sets of every sequence of `ids` (HostKeepSets, one region on num_threads threads;
+  // with a scorer, ScoredKeepSets: every planned head of the step in one scorer call), then
+  // ApplyCompression for each in turn, stopping at the first error.
+  absl::Status Compress(absl::Span<const int64_t> ids);
   // ApplyKeepSets (every compressed layer of one sequence) plus the statistics and eviction
   // record.
   absl::Status ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep, int32_t current);

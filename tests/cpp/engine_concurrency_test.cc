@@ -12,7 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include "block_manager/block_manager.h"
 #include "core/policy.h"
+#include "engine/compress_step.h"
 #include "engine/engine.h"
 #include "tests/cpp/random_model.h"
 
@@ -175,6 +177,139 @@ TEST(PolicyConcurrencyTest, BeaconLayersCompressedAtOnceMatchInTurn) {
     }
     // Every layer kept its budget (per head, or pooled over the layer's heads): it compressed.
     EXPECT_EQ(kept, int64_t{kLayers} * kKvHeads * config.budget);
+  }
+}
+
+// A step's compressions of several sequences in one region (HostKeepSets over targets, a
+// sequence, layer or head per task) give each sequence the keep-sets it gets alone, in turn:
+// beacon (uniform: a head per task; with redundancy and blurred rows; pooled: a layer per
+// task) beside policies whose layers run in turn (h2o, snapkv), on one pool.
+TEST(HostKeepSetsTest, SequencesAtOnceMatchEachAlone) {
+  const KvShape shape{/*num_layers=*/4, /*num_kv_heads=*/2, /*head_dim=*/32, /*block_size=*/8};
+  constexpr int32_t kGroup = 2, kPrompt = 20, kSteps = 60;
+  CpuKvStore store(400, shape.block_size, shape.head_dim);
+  auto bm_or = BlockManager::Create({shape, 400, 0}, &store);
+  ASSERT_TRUE(bm_or.ok()) << bm_or.status();
+  BlockManager& bm = **bm_or;
+  auto small = [](const std::string& name) {
+    PolicyConfig c = *DefaultPolicyConfig(name);
+    std::visit(
+        [](auto& cfg) {
+          if constexpr (requires { cfg.budget; }) cfg.budget = 24;
+          if constexpr (requires { cfg.interval; }) cfg.interval = 8;
+          if constexpr (requires { cfg.window; }) cfg.window = 4;
+          if constexpr (std::is_same_v<std::decay_t<decltype(cfg)>, BeaconConfig>) {
+            cfg.n_recent = 4;
+            cfg.n_beacons = 8;
+            cfg.buffer_max = 32;
+            cfg.buffer_min = 16;
+            cfg.n_sinks = 2;
+          }
+        },
+        c);
+    return c;
+  };
+  std::vector<PolicyConfig> configs = {small("beacon"), small("beacon"), small("beacon"),
+                                       small("h2o"), small("snapkv")};
+  std::get<BeaconConfig>(configs[1]).redundancy = 0.5;
+  std::get<BeaconConfig>(configs[1]).blur_speed = 0.02;
+  std::get<BeaconConfig>(configs[2]).budget_mode = BudgetMode::kPooled;
+  const PolicyGeometry geo{shape.num_layers, shape.num_kv_heads, kGroup, {shape.head_dim, 1e4}};
+  const auto n = static_cast<int64_t>(configs.size());
+  std::vector<std::unique_ptr<PolicyState>> alone, together;
+  for (const PolicyConfig& c : configs) {
+    for (auto* states : {&alone, &together}) {
+      auto made = NewPolicyState(c, geo, kPrompt);
+      ASSERT_TRUE(made.ok()) << made.status();
+      states->push_back(*std::move(made));
+    }
+  }
+  EXPECT_TRUE(together[0]->HeadsConcurrent());
+  EXPECT_FALSE(together[2]->HeadsConcurrent());  // pooled: the layer's heads share a budget
+  EXPECT_FALSE(together[3]->LayersConcurrent());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<SlotRef> slots(shape.num_heads_total());
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(bm.AddSequence(i, kPrompt).ok());
+    for (int32_t l = 0; l < shape.num_layers; ++l)
+      for (int32_t h = 0; h < shape.num_kv_heads; ++h)
+        for (int32_t t = 0; t < kPrompt; ++t)
+          for (int32_t x = 0; x < shape.head_dim; ++x)
+            store.key(*bm.Slot(i, l, h, t))[x] = normal(rng);
+  }
+  int64_t compressed = 0;
+  for (int32_t step = 0; step < kSteps; ++step) {
+    std::vector<CompressTarget> targets;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t position = *bm.NextPosition(i);
+      ASSERT_TRUE(bm.AppendToken(i, absl::MakeSpan(slots)).ok());
+      for (const SlotRef& s : slots)
+        for (int32_t x = 0; x < shape.head_dim; ++x) store.key(s)[x] = normal(rng);
+      for (int32_t l = 0; l < shape.num_layers; ++l) {
+        for (int32_t h = 0; h < shape.num_kv_heads; ++h) {
+          std::vector<float> pre(kGroup * shape.head_dim), post(pre.size()), keys;
+          for (float& x : pre) x = normal(rng);
+          for (float& x : post) x = normal(rng);
+          std::vector<int32_t> positions;
+          const HeadKeys hk = GatherHead(bm, store, i, l, h, &keys, &positions);
+          for (auto* states : {&alone, &together}) {
+            PolicyState& p = *(*states)[i];
+            ASSERT_TRUE(p.Observe(l, h, {position, pre.data(), post.data()},
+                                  p.NeedsKeysOnObserve() ? &hk : nullptr)
+                            .ok());
+          }
+        }
+      }
+      targets.push_back({i, together[i].get(), position});
+    }
+    {
+      const int threads = 2 + step % 2;  // two threads and three
+      const std::vector<absl::StatusOr<std::vector<KeepSet>>> got =
+          HostKeepSets(bm, store, targets, threads);
+      ASSERT_EQ(static_cast<int64_t>(got.size()), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const absl::StatusOr<std::vector<KeepSet>> expected =
+            HostKeepSets(bm, store, *alone[i], i, targets[i].current_position);
+        ASSERT_TRUE(expected.ok()) << expected.status();
+        ASSERT_TRUE(got[i].ok()) << got[i].status();
+        ASSERT_EQ(got[i]->size(), expected->size()) << "sequence " << i << " step " << step;
+        for (size_t k = 0; k < got[i]->size(); ++k) {
+          EXPECT_EQ((*got[i])[k].layer, (*expected)[k].layer);
+          EXPECT_EQ((*got[i])[k].kv_head, (*expected)[k].kv_head);
+          EXPECT_EQ((*got[i])[k].slots, (*expected)[k].slots)
+              << "sequence " << i << " step " << step;
+        }
+        if (expected->empty()) continue;
+        ASSERT_TRUE(bm.ApplyKeepSets(i, *expected).ok());
+        ++compressed;
+      }
+    }
+  }
+  EXPECT_GE(compressed, n * 3);  // every sequence compressed on several steps
+}
+
+// A target whose sequence the pool does not hold gets its own error; the others their sets.
+TEST(HostKeepSetsTest, UnknownSequenceFailsAloneAmongTargets) {
+  const KvShape shape{/*num_layers=*/2, /*num_kv_heads=*/2, /*head_dim=*/32, /*block_size=*/8};
+  CpuKvStore store(64, shape.block_size, shape.head_dim);
+  auto bm = BlockManager::Create({shape, 64, 0}, &store);
+  ASSERT_TRUE(bm.ok()) << bm.status();
+  PolicyConfig config = *DefaultPolicyConfig("streaming");
+  std::get<StreamingConfig>(config).budget = 8;
+  std::get<StreamingConfig>(config).interval = 4;
+  const PolicyGeometry geo{shape.num_layers, shape.num_kv_heads, 2, {shape.head_dim, 1e4}};
+  auto a = NewPolicyState(config, geo, 12), b = NewPolicyState(config, geo, 12);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*bm)->AddSequence(1, 12).ok());
+  for (const int threads : {1, 2}) {
+    const std::vector<absl::StatusOr<std::vector<KeepSet>>> got =
+        HostKeepSets(**bm, store, {{1, a->get(), 11}, {99, b->get(), 11}}, threads);
+    ASSERT_EQ(got.size(), 2u);
+    ASSERT_TRUE(got[0].ok()) << got[0].status();
+    EXPECT_EQ(got[0]->size(), 4u);  // 12 tokens >= 8 + 4 in every head: all four compressed
+    EXPECT_FALSE(got[1].ok());
+    EXPECT_NE(got[1].status().message().find("99"), std::string::npos) << got[1].status();
   }
 }
 

@@ -92,20 +92,26 @@ def test_greedy_is_batch_and_block_size_invariant(prompts, block_size):
     assert reference_16 == alone
 
 
-def test_beacon_compressions_on_two_threads_are_those_of_one(prompts):
-    """With two threads a sequence's due layers are compressed in parallel (the policy allows
-    it: PolicyState::LayersConcurrent); every token is evicted at the same step as with one."""
+@pytest.mark.parametrize("spec", ["beacon", "beacon-pooled"])
+def test_beacon_compressions_on_two_threads_are_those_of_one(prompts, spec):
+    """With two threads a step's compressions run in one region (HostKeepSets over the
+    compressing sequences: a head per task, or a layer when the budget is pooled); every token
+    is evicted at the same step as with one. Each prompt comes twice, so sequences of equal
+    length compress on the same steps."""
     ids, _ = prompts
-    policy = beaconkv.make_policy_config("beacon", 64, knobs={"n_recent": 32})
+    policy = beaconkv.make_policy_config(spec, 64, knobs={"n_recent": 32})
+    requests = ids + ids
     runs = []
     for threads in (1, 2):
-        eng = beaconkv.Engine(MODEL, policy=policy, max_batch=4, num_threads=threads)
-        for i, p in enumerate(ids):
+        eng = beaconkv.Engine(MODEL, policy=policy, max_batch=len(requests), num_threads=threads)
+        for i, p in enumerate(requests):
             eng.add_request(i, p, max_new_tokens=160, ignore_eos=True, record_evictions=True)
         outs = {o["id"]: o for o in eng.run()}
-        runs.append([(outs[i]["output"], outs[i]["evicted_at"]) for i in range(len(ids))])
-    assert sum(int((ev != beaconkv.NEVER_EVICTED).sum()) for _, ev in runs[0]) > 0, "no eviction"
-    for (out1, ev1), (out2, ev2) in zip(*runs):
+        runs.append([(outs[i]["output"], outs[i]["evicted_at"]) for i in range(len(requests))])
+        runs[-1].append(json.loads(eng.stats_json())["compressions"])
+    assert runs[0][-1] > 0 and runs[1][-1] == runs[0][-1]
+    assert sum(int((ev != beaconkv.NEVER_EVICTED).sum()) for _, ev in runs[0][:-1]) > 0
+    for (out1, ev1), (out2, ev2) in zip(runs[0][:-1], runs[1][:-1]):
         assert out2 == out1
         np.testing.assert_array_equal(ev2, ev1)
 
