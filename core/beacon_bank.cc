@@ -74,20 +74,7 @@ using UpdateFn = int32_t (*)(const int32_t* blocked, int32_t n, int32_t pairs, c
 // `value` (the slots a pick chooses among, found without a scalar scan).
 using EqualFn = void (*)(const int32_t* min_dist, int32_t n, int32_t value, uint64_t* eq);
 
-// Cache-line-aligned storage for the arrays the passes stream with 64-byte loads (a load
-// that straddles two lines costs two).
-template <class T>
-struct CacheAligned {
-  using value_type = T;
-  CacheAligned() = default;
-  template <class U>
-  explicit CacheAligned(const CacheAligned<U>&) {}
-  T* allocate(size_t n) {
-    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
-  }
-  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
-  friend bool operator==(const CacheAligned&, const CacheAligned&) { return true; }
-};
+using internal::CacheAligned;
 using AlignedInts = std::vector<int32_t, CacheAligned<int32_t>>;
 
 // Working memory of one FpsOrder call, kept per thread between calls: a draw allocates
@@ -662,11 +649,12 @@ void BeaconBank::Append(const float* query) {
     internal::GrowCapped(&buffer16_, static_cast<size_t>(head_dim_),
                          static_cast<size_t>(buffer_max_) * head_dim_);
     buffer16_.resize(buffer16_.size() + head_dim_);
-    RoundToBf16Bits(query, head_dim_, buffer16_.data() + buffer16_.size() - head_dim_);
+    StreamBf16Bits(query, head_dim_, buffer16_.data() + buffer16_.size() - head_dim_);
   } else {
     internal::GrowCapped(&buffer_, static_cast<size_t>(head_dim_),
                          static_cast<size_t>(buffer_max_) * head_dim_);
-    buffer_.insert(buffer_.end(), query, query + head_dim_);
+    buffer_.resize(buffer_.size() + head_dim_);
+    StreamRow(query, head_dim_, buffer_.data() + buffer_.size() - head_dim_);
   }
   ++size_;
   ++arrivals_;

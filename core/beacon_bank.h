@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/capped_growth.h"
 #include "core/rope.h"
 
 namespace beaconkv {
@@ -71,6 +72,8 @@ class BeaconBank {
              double radius = 0.0, bool bf16 = false);
 
   // Appends one pre-RoPE query ([head_dim]); reduces to buffer_min on reaching buffer_max.
+  // The row is written with non-temporal stores: fence them (StreamFence) before another
+  // thread reads the bank.
   void Append(const float* query);
 
   int32_t size() const { return size_; }
@@ -129,8 +132,8 @@ class BeaconBank {
   // [size_, head_dim]; grows with the appends, up to buffer_max rows. With bf16, buffer16_
   // (bfloat16 bits) instead. (A reduction's survivors and a bf16 buffer widened for a draw
   // go through per-thread working memory, shared by every bank: a bank holds only this.)
-  std::vector<float> buffer_;
-  std::vector<uint16_t> buffer16_;
+  std::vector<float, internal::CacheAlignedRows<float>> buffer_;
+  std::vector<uint16_t, internal::CacheAlignedRows<uint16_t>> buffer16_;
   std::vector<uint8_t> copy_;  // per survivor: 1 = a copy of an earlier survivor
 };
 

@@ -1,6 +1,7 @@
 // bfloat16 rounding: one value (RoundToBf16) and rows of them (RoundToBf16Bits, the policy's
 // query buffers with score_bf16), the same bits either way; and rows widened back
 // (FromBf16Row).
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 
@@ -51,6 +52,21 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) int32_t RoundBitsAvx512(c
   }
   return i;
 }
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) int32_t StreamBitsAvx512(const float* x,
+                                                                                int32_t n,
+                                                                                uint16_t* out) {
+  int32_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), reinterpret_cast<const __m256i&>(b));
+  }
+  return i;
+}
+__attribute__((target("avx512f"))) int32_t StreamAvx512(const float* x, int32_t n, float* out) {
+  int32_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(out + i, _mm512_loadu_ps(x + i));
+  return i;
+}
 #endif
 
 }  // namespace
@@ -68,6 +84,30 @@ void RoundToBf16Bits(const float* x, int32_t n, uint16_t* out) {
   if (avx512_bf16) done = RoundBitsAvx512(x, n, out);
 #endif
   RoundBitsLoop(x + done, n - done, out + done);
+}
+
+void StreamBf16Bits(const float* x, int32_t n, uint16_t* out) {
+  int32_t done = 0;
+#if defined(__x86_64__)
+  static const bool avx512_bf16 = HasAvx512Bf16();
+  if (avx512_bf16 && reinterpret_cast<uintptr_t>(out) % 32 == 0) done = StreamBitsAvx512(x, n, out);
+#endif
+  RoundBitsLoop(x + done, n - done, out + done);
+}
+
+void StreamRow(const float* x, int32_t n, float* out) {
+  int32_t done = 0;
+#if defined(__x86_64__)
+  static const bool avx512 = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f"));
+  if (avx512 && reinterpret_cast<uintptr_t>(out) % 64 == 0) done = StreamAvx512(x, n, out);
+#endif
+  std::copy_n(x + done, n - done, out + done);
+}
+
+void StreamFence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
 }
 
 }  // namespace beaconkv

@@ -413,9 +413,14 @@ void QueryRing::Push(const float* row) {
     next_ = (next_ + 1) % capacity_;
   };
   if (bf16_) {
-    push(data16_, [&](uint16_t* to) { RoundToBf16Bits(row, row_floats_, to); });
+    push(data16_, [&](uint16_t* to) {
+      stream_ ? StreamBf16Bits(row, row_floats_, to) : RoundToBf16Bits(row, row_floats_, to);
+    });
   } else {
-    push(data_, [&](float* to) { std::copy_n(row, row_floats_, to); });
+    push(data_, [&](float* to) {
+      stream_ ? StreamRow(row, row_floats_, to)
+              : static_cast<void>(std::copy_n(row, row_floats_, to));
+    });
   }
 }
 

@@ -44,7 +44,8 @@ class BeaconState final : public PolicyState {
     // With bfloat16 scores the recent queries are kept in bfloat16 (the scores round them
     // anyway, so they score the same) and so are the buffered ones: half the memory.
     rings_.assign(g.num_heads_total(),
-                  QueryRing(c.n_recent, g.group_size * g.head_dim(), /*bf16=*/c.score_bf16));
+                  QueryRing(c.n_recent, g.group_size * g.head_dim(), /*bf16=*/c.score_bf16,
+                            /*stream=*/true));
     banks_.reserve(g.num_heads_total());
     for (int32_t i = 0; i < g.num_heads_total(); ++i) {
       banks_.emplace_back(g.head_dim(), c.buffer_min, c.buffer_max, c.draw_on_fill, c.beacon_radius,
@@ -66,6 +67,10 @@ class BeaconState final : public PolicyState {
     for (int32_t h = 0; h < geometry_.group_size; ++h) {
       banks_[index].Append(step.pre_rope + static_cast<size_t>(h) * geometry_.head_dim());
     }
+    // The rings' and banks' rows go out with non-temporal stores (no read of a line that is
+    // read back only at the next compression): a step's last head fences them, so that a
+    // compression on another thread reads them.
+    if (index == geometry_.num_heads_total() - 1) StreamFence();
     return absl::OkStatus();
   }
 

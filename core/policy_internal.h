@@ -19,8 +19,13 @@ namespace beaconkv::internal {
 // bfloat16 (rounded on arrival with RoundToBf16, half the bytes) and read back widened.
 class QueryRing {
  public:
-  QueryRing(int32_t capacity, int32_t row_floats, bool bf16 = false)
-      : capacity_(std::max(capacity, 0)), row_floats_(std::max(row_floats, 0)), bf16_(bf16) {}
+  // stream: rows are written with non-temporal stores (StreamRow, StreamBf16Bits); the owner
+  // fences them (StreamFence) before another thread reads the ring.
+  QueryRing(int32_t capacity, int32_t row_floats, bool bf16 = false, bool stream = false)
+      : capacity_(std::max(capacity, 0)),
+        row_floats_(std::max(row_floats, 0)),
+        bf16_(bf16),
+        stream_(stream) {}
 
   void Push(const float* row);
   int32_t size() const { return size_; }
@@ -49,8 +54,10 @@ class QueryRing {
   int32_t size_ = 0;
   int32_t next_ = 0;  // ring slot the next Push writes
   bool bf16_;
-  std::vector<float> data_;       // [min(pushed, capacity), row_floats]
-  std::vector<uint16_t> data16_;  // the same as bfloat16 bits, instead, with bf16
+  bool stream_;
+  std::vector<float, CacheAlignedRows<float>> data_;  // [min(pushed, capacity), row_floats]
+  std::vector<uint16_t, CacheAlignedRows<uint16_t>>
+      data16_;  // the same as bfloat16 bits, instead, with bf16
 };
 
 // One head's scored selection problem, in position order.

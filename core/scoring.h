@@ -73,6 +73,14 @@ float RoundToBf16(float x);
 // out[i] = the 16 bits of RoundToBf16(x[i]) (the upper half of its float), for i < n; with
 // AVX-512 BF16 16 at a time (core/bf16.cc).
 void RoundToBf16Bits(const float* x, int32_t n, uint16_t* out);
+// The same bits, written with non-temporal stores where `out` is 32-byte aligned (a row that
+// is read back much later: no read of the line before the write); ordinary stores elsewhere.
+// A reader on another thread needs a fence between (StreamFence, or a lock).
+void StreamBf16Bits(const float* x, int32_t n, uint16_t* out);
+// std::copy_n(x, n, out), with non-temporal stores where `out` is 64-byte aligned.
+void StreamRow(const float* x, int32_t n, float* out);
+// Orders the non-temporal stores of this thread before its later stores (sfence).
+void StreamFence();
 // A bfloat16's bits back to the float they stand for.
 inline float FromBf16Bits(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);

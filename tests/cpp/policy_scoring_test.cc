@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/capped_growth.h"
 #include "core/redundancy.h"
 #include "core/scoring.h"
 #include "core/selection.h"
@@ -315,6 +316,38 @@ TEST(RoundToBf16Test, RowsAreEachValuesRounding) {
       ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
           << std::bit_cast<uint32_t>(x[offset + i]);
     }
+  }
+}
+
+// StreamBf16Bits (non-temporal stores into 32-byte-aligned rows, ordinary stores elsewhere)
+// writes RoundToBf16Bits' bits, into aligned and unaligned rows, of whole and partial vectors.
+TEST(RoundToBf16Test, StreamedRowsAreTheRoundedRows) {
+  std::mt19937 rng(9);
+  std::vector<float> x(4096 + 5);
+  for (float& v : x) v = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+  std::vector<uint16_t, internal::CacheAlignedRows<uint16_t>> streamed(x.size() + 16);
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(streamed.data()) % 64, 0u);
+  for (const auto& [offset, n] : {std::pair{0, 64}, std::pair{0, 4096}, std::pair{16, 2048},
+                                  std::pair{3, 1000}, std::pair{0, 4101}, std::pair{5, 7}}) {
+    std::vector<uint16_t> want(n);
+    RoundToBf16Bits(x.data(), n, want.data());
+    StreamBf16Bits(x.data(), n, streamed.data() + offset);
+    StreamFence();
+    for (int32_t i = 0; i < n; ++i)
+      ASSERT_EQ(streamed[offset + i], want[i]) << "offset " << offset << " n " << n << " i " << i;
+  }
+}
+
+// StreamRow copies a row, with non-temporal stores into 64-byte-aligned rows.
+TEST(StreamRowTest, CopiesTheRow) {
+  std::mt19937 rng(10);
+  const std::vector<float> x = Random(rng, 1000);
+  std::vector<float, internal::CacheAlignedRows<float>> out(x.size() + 16);
+  for (const auto& [offset, n] : {std::pair{0, 32}, std::pair{0, 1000}, std::pair{16, 64},
+                                  std::pair{3, 100}, std::pair{0, 7}}) {
+    StreamRow(x.data(), n, out.data() + offset);
+    StreamFence();
+    for (int32_t i = 0; i < n; ++i) ASSERT_EQ(out[offset + i], x[i]) << offset << " " << i;
   }
 }
 
