@@ -269,8 +269,12 @@ class PyPolicy {
       head = {keys.data(), pos.data(), static_cast<int32_t>(keys.shape(0))};
     }
     Check(Locked([&] {
-      return state_->Observe(layer, kv_head, {position, pre.data(), post.data()},
-                             with_keys ? &head : nullptr);
+      absl::Status st = state_->Observe(layer, kv_head, {position, pre.data(), post.data()},
+                                        with_keys ? &head : nullptr);
+      // Heads may be observed in any order, and the state used from another thread next:
+      // fence the rows a policy streamed (beacon fences only after a step's last head).
+      StreamFence();
+      return st;
     }));
   }
 

@@ -75,7 +75,7 @@ float RoundToBf16(float x);
 void RoundToBf16Bits(const float* x, int32_t n, uint16_t* out);
 // The same bits, written with non-temporal stores where `out` is 32-byte aligned (a row that
 // is read back much later: no read of the line before the write); ordinary stores elsewhere.
-// A reader on another thread needs a fence between (StreamFence, or a lock).
+// A reader on another thread needs the writer's StreamFence between (a lock is not enough).
 void StreamBf16Bits(const float* x, int32_t n, uint16_t* out);
 // std::copy_n(x, n, out), with non-temporal stores where `out` is 64-byte aligned.
 void StreamRow(const float* x, int32_t n, float* out);

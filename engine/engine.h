@@ -98,7 +98,8 @@ class Engine {
   absl::Status DecodeStep(std::vector<RequestOutput>* finished);
   // The keep-sets of every sequence of `ids` (HostKeepSets, one region on num_threads threads;
   // with a scorer, ScoredKeepSets: every planned head of the step in one scorer call), then
-  // ApplyCompression for each in turn, stopping at the first error.
+  // ApplyCompression for each in turn, stopping at the first error (every sequence's policy
+  // has advanced by then, applied or not: an error here is an engine bug, and the step fails).
   absl::Status Compress(absl::Span<const int64_t> ids);
   // ApplyKeepSets (every compressed layer of one sequence) plus the statistics and eviction
   // record.
