@@ -41,24 +41,21 @@ bool HasAvx512Bf16() {
          __builtin_cpu_supports("avx512bf16");
 }
 
-// 16 values per vcvtneps2bf16 (the same rounding, RoundToBf16Test.IsTheCpusConversion).
+// 16 values per vcvtneps2bf16 (the same rounding, RoundToBf16Test.IsTheCpusConversion);
+// kStream: non-temporal stores (out 32-byte aligned).
+template <bool kStream>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) int32_t RoundBitsAvx512(const float* x,
                                                                                int32_t n,
                                                                                uint16_t* out) {
   int32_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), reinterpret_cast<const __m256i&>(b));
-  }
-  return i;
-}
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) int32_t StreamBitsAvx512(const float* x,
-                                                                                int32_t n,
-                                                                                uint16_t* out) {
-  int32_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), reinterpret_cast<const __m256i&>(b));
+    auto* to = reinterpret_cast<__m256i*>(out + i);
+    if constexpr (kStream) {
+      _mm256_stream_si256(to, reinterpret_cast<const __m256i&>(b));
+    } else {
+      _mm256_storeu_si256(to, reinterpret_cast<const __m256i&>(b));
+    }
   }
   return i;
 }
@@ -81,7 +78,7 @@ void RoundToBf16Bits(const float* x, int32_t n, uint16_t* out) {
   int32_t done = 0;
 #if defined(__x86_64__)
   static const bool avx512_bf16 = HasAvx512Bf16();
-  if (avx512_bf16) done = RoundBitsAvx512(x, n, out);
+  if (avx512_bf16) done = RoundBitsAvx512<false>(x, n, out);
 #endif
   RoundBitsLoop(x + done, n - done, out + done);
 }
@@ -90,7 +87,8 @@ void StreamBf16Bits(const float* x, int32_t n, uint16_t* out) {
   int32_t done = 0;
 #if defined(__x86_64__)
   static const bool avx512_bf16 = HasAvx512Bf16();
-  if (avx512_bf16 && reinterpret_cast<uintptr_t>(out) % 32 == 0) done = StreamBitsAvx512(x, n, out);
+  if (avx512_bf16 && reinterpret_cast<uintptr_t>(out) % 32 == 0)
+    done = RoundBitsAvx512<true>(x, n, out);
 #endif
   RoundBitsLoop(x + done, n - done, out + done);
 }

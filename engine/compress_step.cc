@@ -118,8 +118,8 @@ std::vector<absl::StatusOr<std::vector<KeepSet>>> HostKeepSets(
   // A task per iteration, dynamic, so a thread the machine does not run leaves the rest to
   // the others. Every task runs; a target's first error in (layer, head) order is its result.
   if (n == 0) return out;
-#pragma omp parallel for num_threads(static_cast <int>(std::min <int64_t>(num_threads, n))) \
-    schedule(dynamic, 1) if (n > 1)
+  const int threads = static_cast<int>(std::min<int64_t>(num_threads, n));
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (n > 1)
   for (int64_t i = 0; i < n; ++i) {
     const Task& task = tasks[i];
     const CompressTarget& target = targets[task.target];

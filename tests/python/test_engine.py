@@ -101,17 +101,17 @@ def test_beacon_compressions_on_two_threads_are_those_of_one(prompts, spec):
     ids, _ = prompts
     policy = beaconkv.make_policy_config(spec, 64, knobs={"n_recent": 32})
     requests = ids + ids
-    runs = []
+    runs, compressions = [], []
     for threads in (1, 2):
         eng = beaconkv.Engine(MODEL, policy=policy, max_batch=len(requests), num_threads=threads)
         for i, p in enumerate(requests):
             eng.add_request(i, p, max_new_tokens=160, ignore_eos=True, record_evictions=True)
         outs = {o["id"]: o for o in eng.run()}
         runs.append([(outs[i]["output"], outs[i]["evicted_at"]) for i in range(len(requests))])
-        runs[-1].append(json.loads(eng.stats_json())["compressions"])
-    assert runs[0][-1] > 0 and runs[1][-1] == runs[0][-1]
-    assert sum(int((ev != beaconkv.NEVER_EVICTED).sum()) for _, ev in runs[0][:-1]) > 0
-    for (out1, ev1), (out2, ev2) in zip(runs[0][:-1], runs[1][:-1]):
+        compressions.append(json.loads(eng.stats_json())["compressions"])
+    assert compressions[0] > 0 and compressions[1] == compressions[0]
+    assert sum(int((ev != beaconkv.NEVER_EVICTED).sum()) for _, ev in runs[0]) > 0
+    for (out1, ev1), (out2, ev2) in zip(*runs):
         assert out2 == out1
         np.testing.assert_array_equal(ev2, ev1)
 
