@@ -105,6 +105,11 @@ class PolicyState {
   // its due heads compressed one at a time: no budget or state shared between heads (uniform
   // budgets). The engine then splits a sequence's compressions by head.
   virtual bool HeadsConcurrent() const { return false; }
+  // True when Observe may run for different heads at the same time, from different threads
+  // (each head's observation state its own). Rows written with streaming stores are fenced
+  // by the caller then (StreamFence on each thread), not by the policy. The engine then
+  // observes each head inside the attention's parallel region.
+  virtual bool ObserveConcurrent() const { return false; }
 
   // Records one step's queries of (layer, kv_head), oldest step first. Prefill positions
   // may be fed too (h2o sums prefill attention; the others keep only what they need).

@@ -58,6 +58,8 @@ class BeaconState final : public PolicyState {
   bool LayersConcurrent() const override { return true; }
   // Uniform budgets select each head on its own; pooled ones share the layer's budget.
   bool HeadsConcurrent() const override { return config_.budget_mode == BudgetMode::kUniform; }
+  // Each head's ring and bank are its own.
+  bool ObserveConcurrent() const override { return true; }
 
   absl::Status Observe(int32_t layer, int32_t kv_head, const StepQueries& step,
                        const HeadKeys*) override {

@@ -224,8 +224,12 @@ void Engine::Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t positi
     hk = GatherHead(*bm_, *store_, s.out.id, layer, kv_head, &keys, &positions);
   absl::Status st = s.policy->Observe(layer, kv_head, StepQueries{position, pre, post},
                                       s.policy->NeedsKeysOnObserve() ? &hk : nullptr);
-  // The runner's callback cannot return a status: keep the first error for the step.
-  if (!st.ok() && observe_status_.ok()) observe_status_ = st;
+  // The runner's callback cannot return a status: keep the first error for the step (calls
+  // may come from several threads at once: ObserveConcurrent).
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(observe_mu_);
+    if (observe_status_.ok()) observe_status_ = st;
+  }
 }
 
 int32_t Engine::PeakBlocks(const SeqState& s, int64_t prefill_len) const {
@@ -542,12 +546,16 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
                        const float* pre, const float* post) {
     Observe(*states[row], layer, kv_head, position, pre, post);
   };
+  // Observed beside the attention, on its threads, when every running policy allows it.
+  const bool concurrent = std::all_of(states.begin(), states.end(), [](const SeqState* s) {
+    return s->policy->ObserveConcurrent();
+  });
   const int32_t vocab = runner_.config().vocab_size;
   std::vector<float> logits(rows * vocab);
   const double scoring_before = stats_.time_scoring, start = Now();
   absl::Status st =
       runner_.Decode(ids, tokens, positions, slots, *bm_, *store_, &sink, logits.data(),
-                     &stats_.time_attention, &stats_.time_scoring, head_bias);
+                     &stats_.time_attention, &stats_.time_scoring, head_bias, concurrent);
   stats_.time_decode_forward += Now() - start - (stats_.time_scoring - scoring_before);
   BKV_RETURN_IF_ERROR(st);
   BKV_RETURN_IF_ERROR(std::exchange(observe_status_, absl::OkStatus()));

@@ -147,6 +147,7 @@ class Engine {
   std::deque<int64_t> swapped_;
   EngineStats stats_;
   absl::Status observe_status_;  // first policy Observe error of the current step
+  std::mutex observe_mu_;        // guards observe_status_ while heads are observed at once
   double running_sum_ = 0;
   double used_blocks_sum_ = 0;  // device blocks in use at each decode step's forward pass
   int64_t decode_steps_ = 0;

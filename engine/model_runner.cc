@@ -154,7 +154,8 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
                                  absl::Span<const SlotRef> slots, const BlockManager& bm,
                                  CpuKvStore& store, const QuerySink* sink, float* logits,
                                  double* attention_seconds, double* observe_seconds,
-                                 absl::Span<const absl::Span<const float>> head_bias) const {
+                                 absl::Span<const absl::Span<const float>> head_bias,
+                                 bool sink_concurrent) const {
   const ModelConfig& c = config();
   const int64_t rows = static_cast<int64_t>(seqs.size());
   const int64_t hid = c.hidden_size, d = c.head_dim, group = group_size();
@@ -239,11 +240,37 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
     shape.head_dim = c.head_dim;
     shape.block_size = bs;
     shape.max_blocks = max_blocks;
-    kernels::PagedDecodeAttentionCpu(
+    // With a concurrent sink and attention split over threads, each head's observation right
+    // after its attention, timed per call: [rows, num_kv_heads] seconds. (On one thread the
+    // calls follow the layer's attention, timed once, as they always did.)
+    const bool fused =
+        sink != nullptr && sink_concurrent &&
+        kernels::PagedDecodeAttentionSplits(flat_lengths.data(), shape, num_threads_);
+    std::vector<double> observed;
+    std::function<void(int32_t, int32_t)> observe;
+    if (fused) {
+      observed.assign(rows * c.num_kv_heads, 0.0);
+      observe = [&](int32_t b, int32_t g) {
+        const double start = Now();
+        (*sink)(b, l, g, positions[b], q_pre.data() + b * hq + g * group * d,
+                q.data() + b * hq + g * group * d);
+        observed[b * c.num_kv_heads + g] = Now() - start;
+      };
+    }
+    const int threads = kernels::PagedDecodeAttentionCpu(
         q.data(), store.keys_data(), store.values_data(), flat_tables.data(), flat_lengths.data(),
-        shape, scale, attn.data(), num_threads_, flat_bias.empty() ? nullptr : flat_bias.data());
-    if (attention_seconds != nullptr) *attention_seconds += Now() - t0;
-    if (sink != nullptr) {
+        shape, scale, attn.data(), num_threads_, flat_bias.empty() ? nullptr : flat_bias.data(),
+        observe ? &observe : nullptr);
+    double region = Now() - t0;
+    if (observe) {
+      double sum = 0.0;
+      for (const double t : observed) sum += t;
+      const double share = std::min(sum / threads, region);
+      region -= share;
+      if (observe_seconds != nullptr) *observe_seconds += share;
+    }
+    if (attention_seconds != nullptr) *attention_seconds += region;
+    if (sink != nullptr && !fused) {
       const double observe_start = Now();
       for (int64_t b = 0; b < rows; ++b)
         for (int32_t g = 0; g < c.num_kv_heads; ++g)

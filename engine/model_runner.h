@@ -47,11 +47,19 @@ class ModelRunner {
   // spent in `sink` (measured once per layer, as in Prefill). head_bias: empty, or
   // [rows * num_heads_total] spans, each empty (no bias) or one logit term per slot of the
   // head in logical order, the new one included (the count bias, CountBiasLayers).
+  // sink_concurrent: `sink` may run for different (row, kv_head) at once. When the layer's
+  // attention is split over threads (PagedDecodeAttentionSplits), each head's call then
+  // follows its attention on the thread that computed it, inside that region (no region of
+  // its own, and the observation split over the threads), and observe_seconds gets the
+  // calls' summed time divided by the region's threads (an estimate of their share of its
+  // wall time; attention_seconds gets the rest). Otherwise the calls run on this thread after
+  // the layer's attention.
   absl::Status Decode(absl::Span<const SequenceId> seqs, absl::Span<const int32_t> tokens,
                       absl::Span<const int32_t> positions, absl::Span<const SlotRef> slots,
                       const BlockManager& bm, CpuKvStore& store, const QuerySink* sink,
                       float* logits, double* attention_seconds, double* observe_seconds = nullptr,
-                      absl::Span<const absl::Span<const float>> head_bias = {}) const;
+                      absl::Span<const absl::Span<const float>> head_bias = {},
+                      bool sink_concurrent = false) const;
 
  private:
   ModelRunner(ModelWeights weights, Rope rope, int num_threads, bool batch_invariant)

@@ -1,5 +1,7 @@
 #include "kernels/paged_attention_cpu.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -158,10 +160,20 @@ BKV_HEAD_ATTENTION(HeadAttentionAny, 0)
 
 }  // namespace
 
-void PagedDecodeAttentionCpu(const float* q, const float* k_cache, const float* v_cache,
-                             const int32_t* block_tables, const int32_t* lengths,
-                             const PagedAttentionShape& s, float scale, float* out, int num_threads,
-                             const float* bias) {
+bool PagedDecodeAttentionSplits(const int32_t* lengths, const PagedAttentionShape& s,
+                                int num_threads) {
+  if (num_threads <= 1) return false;
+  int64_t work = 0;
+  for (int64_t i = 0; i < int64_t{s.rows} * s.num_kv_heads; ++i) work += lengths[i];
+  work *= int64_t{s.num_heads / s.num_kv_heads} * s.head_dim;
+  return work >= (1 << 18);
+}
+
+int PagedDecodeAttentionCpu(const float* q, const float* k_cache, const float* v_cache,
+                            const int32_t* block_tables, const int32_t* lengths,
+                            const PagedAttentionShape& s, float scale, float* out, int num_threads,
+                            const float* bias,
+                            const std::function<void(int32_t row, int32_t kv_head)>* head_done) {
   const int64_t d = s.head_dim;
   const int32_t group = s.num_heads / s.num_kv_heads;
   auto* head_attention = d == 32    ? &HeadAttention32
@@ -169,23 +181,29 @@ void PagedDecodeAttentionCpu(const float* q, const float* k_cache, const float* 
                          : d == 128 ? &HeadAttention128
                                     : &HeadAttentionAny;
   const QkFn qk = PickQk(d);
-  int64_t work = 0;
-  for (int64_t i = 0; i < int64_t{s.rows} * s.num_kv_heads; ++i) work += lengths[i];
-  work *= int64_t{group} * d;
-  const bool parallel = num_threads > 1 && work >= (1 << 18);
-#pragma omp parallel for num_threads(num_threads) if (parallel) schedule(dynamic, 1) collapse(2)
-  for (int32_t b = 0; b < s.rows; ++b) {
-    for (int32_t g = 0; g < s.num_kv_heads; ++g) {
-      const int64_t head = int64_t{b} * s.num_kv_heads + g;
-      const int32_t n = lengths[head];
-      const int64_t first = (int64_t{b} * s.num_heads + int64_t{g} * group) * d;
-      std::vector<float> p(static_cast<size_t>(group) * n);  // [group, n]
-      const float* head_bias =
-          bias != nullptr ? bias + head * s.max_blocks * int64_t{s.block_size} : nullptr;
-      head_attention(q + first, group, k_cache, v_cache, block_tables + head * s.max_blocks, n,
-                     s.block_size, d, scale, head_bias, p.data(), out + first, qk);
+  const bool parallel = PagedDecodeAttentionSplits(lengths, s, num_threads);
+  int threads = 1;
+#pragma omp parallel num_threads(num_threads) if (parallel)
+  {
+#pragma omp single nowait
+    threads = omp_get_num_threads();
+#pragma omp for schedule(dynamic, 1) collapse(2) nowait
+    for (int32_t b = 0; b < s.rows; ++b) {
+      for (int32_t g = 0; g < s.num_kv_heads; ++g) {
+        const int64_t head = int64_t{b} * s.num_kv_heads + g;
+        const int32_t n = lengths[head];
+        const int64_t first = (int64_t{b} * s.num_heads + int64_t{g} * group) * d;
+        std::vector<float> p(static_cast<size_t>(group) * n);  // [group, n]
+        const float* head_bias =
+            bias != nullptr ? bias + head * s.max_blocks * int64_t{s.block_size} : nullptr;
+        head_attention(q + first, group, k_cache, v_cache, block_tables + head * s.max_blocks, n,
+                       s.block_size, d, scale, head_bias, p.data(), out + first, qk);
+        if (head_done != nullptr) (*head_done)(b, g);
+      }
     }
+    if (head_done != nullptr) StreamFence();
   }
+  return threads;
 }
 
 }  // namespace beaconkv::kernels

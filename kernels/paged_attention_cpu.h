@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace beaconkv::kernels {
 
@@ -21,16 +22,31 @@ struct PagedAttentionShape {
   int32_t max_blocks = 0;  // row stride of block_tables
 };
 
-void PagedDecodeAttentionCpu(const float* q,               // [rows, num_heads, head_dim]
-                             const float* k_cache,         // [num_blocks, block_size, head_dim]
-                             const float* v_cache,         // [num_blocks, block_size, head_dim]
-                             const int32_t* block_tables,  // [rows, num_kv_heads, max_blocks]
-                             const int32_t* lengths,       // [rows, num_kv_heads]
-                             const PagedAttentionShape& shape, float scale,
-                             float* out,  // [rows, num_heads, head_dim]
-                             int num_threads,
-                             // [rows, num_kv_heads, max_blocks * block_size], logical slot
-                             // order; added to the logits (the CUDA kernels take the same).
-                             const float* bias = nullptr);
+// Whether PagedDecodeAttentionCpu splits this work over its threads (rows x kv heads as
+// tasks): num_threads > 1 and enough of it (small steps run on the calling thread, where a
+// region's wake-up would cost more than it saves).
+bool PagedDecodeAttentionSplits(const int32_t* lengths, const PagedAttentionShape& shape,
+                                int num_threads);
+
+// head_done (optional): called with (row, kv_head) as soon as that head's output is written,
+// on the thread that computed it, so that per-head work on the step's queries (a policy's
+// observation) shares the attention's threads instead of opening a region of its own; calls
+// for different heads run at once when the work is split over threads. Every thread that
+// ran one issues a store fence (StreamFence) before the function returns, so non-temporal
+// stores made in the calls are visible to whichever thread reads them next.
+// Returns the number of threads the heads were spread over (1 when the work was too small).
+int PagedDecodeAttentionCpu(
+    const float* q,               // [rows, num_heads, head_dim]
+    const float* k_cache,         // [num_blocks, block_size, head_dim]
+    const float* v_cache,         // [num_blocks, block_size, head_dim]
+    const int32_t* block_tables,  // [rows, num_kv_heads, max_blocks]
+    const int32_t* lengths,       // [rows, num_kv_heads]
+    const PagedAttentionShape& shape, float scale,
+    float* out,  // [rows, num_heads, head_dim]
+    int num_threads,
+    // [rows, num_kv_heads, max_blocks * block_size], logical slot
+    // order; added to the logits (the CUDA kernels take the same).
+    const float* bias = nullptr,
+    const std::function<void(int32_t row, int32_t kv_head)>* head_done = nullptr);
 
 }  // namespace beaconkv::kernels

@@ -17,6 +17,7 @@
 #include "core/policy.h"
 #include "engine/compress_step.h"
 #include "engine/engine.h"
+#include "kernels/paged_attention_cpu.h"
 #include "tests/cpp/random_model.h"
 
 namespace beaconkv {
@@ -355,6 +356,56 @@ TEST(HostKeepSetsTest, UnknownSequenceFailsAloneAmongTargets) {
     EXPECT_FALSE(got[1].ok());
     EXPECT_NE(got[1].status().message().find("99"), std::string::npos) << got[1].status();
   }
+}
+
+// beacon observes each head inside the attention's region when that region is split over
+// threads (PolicyState::ObserveConcurrent): 32 sequences whose heads never hold fewer than
+// the budget's 288 tokens split every step's attention, and every token is generated and
+// evicted as with one thread, which observes in turn after each layer (ThreadSanitizer in CI).
+TEST(EngineConcurrencyTest, BeaconObservedBesideTheAttentionMatchesOneThread) {
+  constexpr int32_t kSequences = 32, kPrompt = 300, kBudget = 288, kNew = 96;
+  const ModelWeights model = test_model::RandomModel(5);
+  const ModelConfig& mc = model.config;
+  kernels::PagedAttentionShape shape{kSequences, mc.num_heads, mc.num_kv_heads, mc.head_dim, 16, 0};
+  const std::vector<int32_t> fewest(kSequences * mc.num_kv_heads, kBudget);
+  ASSERT_TRUE(kernels::PagedDecodeAttentionSplits(fewest.data(), shape, 2));
+  BeaconConfig beacon;
+  beacon.budget = kBudget;
+  beacon.n_recent = 16;
+  std::vector<std::vector<RequestOutput>> runs;
+  for (const int threads : {1, 2}) {
+    EngineConfig config;
+    config.max_batch = kSequences;
+    config.num_threads = threads;
+    config.policy = beacon;
+    auto e = Engine::Create(model, config);
+    ASSERT_TRUE(e.ok()) << e.status();
+    for (int64_t i = 0; i < kSequences; ++i) {
+      Request r;
+      r.id = i;
+      for (int32_t t = 0; t < kPrompt; ++t) r.prompt.push_back(1 + (i * 7 + t * t) % 21);
+      r.sampling.max_new_tokens = kNew;
+      r.sampling.ignore_eos = true;
+      r.record_evictions = true;
+      const absl::Status added = (*e)->AddRequest(r);
+      ASSERT_TRUE(added.ok()) << added;
+    }
+    auto outs = (*e)->RunToCompletion();
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    std::sort(outs->begin(), outs->end(),
+              [](const RequestOutput& a, const RequestOutput& b) { return a.id < b.id; });
+    EXPECT_GT((*e)->stats().compressions, kSequences);
+    EXPECT_EQ((*e)->stats().peak_running, kSequences);
+    runs.push_back(*std::move(outs));
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  int64_t evicted = 0;
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_EQ(runs[1][i].output, runs[0][i].output) << "sequence " << i;
+    EXPECT_EQ(runs[1][i].evictions.evicted_at, runs[0][i].evictions.evicted_at) << "sequence " << i;
+    evicted += runs[0][i].tokens_evicted;
+  }
+  EXPECT_GT(evicted, 0);
 }
 
 }  // namespace

@@ -4,9 +4,12 @@
 #include "kernels/paged_attention_cpu.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -174,6 +177,52 @@ TEST(PagedDecodeAttentionCpuTest, TheBlockSizeDoesNotChangeTheResult) {
     }
   }
   EXPECT_EQ(Attend(a, 0.2f, 1), Attend(b, 0.2f, 1));
+}
+
+// head_done follows each head's attention exactly once, with that head's output already
+// final, on the attention's threads when the work is split and on the caller's otherwise; the
+// output is the same either way. (Run under ThreadSanitizer through the engine's tests.)
+TEST(PagedDecodeAttentionCpuTest, HeadDoneFollowsEachHeadOnce) {
+  std::mt19937 rng(41);
+  const Case big = MakeCase(/*rows=*/96, 4, 2, 32, /*bs=*/16, rng);
+  const Case small = MakeCase(/*rows=*/2, 4, 2, 32, /*bs=*/16, rng);
+  ASSERT_TRUE(PagedDecodeAttentionSplits(big.lengths.data(), big.s, 2));
+  EXPECT_FALSE(PagedDecodeAttentionSplits(big.lengths.data(), big.s, 1));
+  EXPECT_FALSE(PagedDecodeAttentionSplits(small.lengths.data(), small.s, 2));
+  const float scale = 0.25f;
+  for (const Case* c : {&big, &small}) {
+    for (const int threads : {1, 2}) {
+      const bool split = PagedDecodeAttentionSplits(c->lengths.data(), c->s, threads);
+      SCOPED_TRACE(::testing::Message() << "rows " << c->s.rows << " threads " << threads);
+      const std::vector<float> want = Attend(*c, scale, 1);
+      const int32_t heads = c->s.rows * c->s.num_kv_heads;
+      const int64_t head_floats = int64_t{c->s.num_heads / c->s.num_kv_heads} * c->s.head_dim;
+      std::vector<float> out(c->q.size(), -7.0f);
+      std::vector<std::atomic<int32_t>> calls(heads);
+      std::vector<uint8_t> final_when_called(heads, 0);
+      std::atomic<int32_t> distinct_threads_seen{0};
+      std::vector<std::atomic<uint8_t>> seen(64);
+      const std::function<void(int32_t, int32_t)> done = [&](int32_t b, int32_t g) {
+        const int32_t head = b * c->s.num_kv_heads + g;
+        ++calls[head];
+        final_when_called[head] =
+            std::equal(out.begin() + head * head_floats, out.begin() + (head + 1) * head_floats,
+                       want.begin() + head * head_floats);
+        const int32_t t = omp_get_thread_num();
+        if (t < 64 && seen[t].exchange(1) == 0) ++distinct_threads_seen;
+      };
+      const int ran_on = PagedDecodeAttentionCpu(c->q.data(), c->k.data(), c->v.data(),
+                                                 c->tables.data(), c->lengths.data(), c->s, scale,
+                                                 out.data(), threads, nullptr, &done);
+      EXPECT_EQ(ran_on, split ? threads : 1);
+      EXPECT_EQ(out, want);
+      for (int32_t h = 0; h < heads; ++h) {
+        EXPECT_EQ(calls[h].load(), 1) << "head " << h;
+        EXPECT_TRUE(final_when_called[h]) << "head " << h << " called before its output";
+      }
+      EXPECT_LE(distinct_threads_seen.load(), ran_on);
+    }
+  }
 }
 
 }  // namespace
