@@ -11,14 +11,21 @@
 namespace beaconkv {
 namespace {
 
-// The kv_heads of `layer` due under the policy, from the retained counts.
-absl::StatusOr<std::vector<int32_t>> Due(const BlockManager& bm, PolicyState& policy, SequenceId id,
-                                         int32_t layer) {
-  std::vector<int32_t> tokens(bm.shape().num_kv_heads);
-  for (int32_t h = 0; h < bm.shape().num_kv_heads; ++h) {
-    BKV_ASSIGN_OR_RETURN(tokens[h], bm.RetainedTokens(id, layer, h));
+// Each layer's kv_heads due under the policy ([num_layers], empty where none), from every
+// head's retained count read under one lock (the engine asks this of every running sequence
+// at every step; one lock and lookup per sequence rather than per head).
+absl::StatusOr<std::vector<std::vector<int32_t>>> DueByLayer(const BlockManager& bm,
+                                                             PolicyState& policy, SequenceId id) {
+  const KvShape& shape = bm.shape();
+  std::vector<int32_t> tokens(shape.num_heads_total());
+  BKV_RETURN_IF_ERROR(bm.RetainedTokensOfHeads(id, absl::MakeSpan(tokens)));
+  std::vector<std::vector<int32_t>> due(shape.num_layers);
+  for (int32_t l = 0; l < shape.num_layers; ++l) {
+    due[l] =
+        policy.DueHeads(l, absl::MakeConstSpan(tokens).subspan(
+                               static_cast<size_t>(l) * shape.num_kv_heads, shape.num_kv_heads));
   }
-  return policy.DueHeads(layer, tokens);
+  return due;
 }
 
 // Compress on the gathered keys of `layer`: of every head, or only of the due ones when the
@@ -42,8 +49,10 @@ absl::StatusOr<std::vector<KeepSet>> HostLayer(const BlockManager& bm, const Cpu
 absl::StatusOr<std::vector<KeepSet>> InTurn(const BlockManager& bm, const CpuKvStore& store,
                                             const CompressTarget& target) {
   std::vector<KeepSet> out;
+  BKV_ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> due_by_layer,
+                       DueByLayer(bm, *target.policy, target.id));
   for (int32_t l = 0; l < bm.shape().num_layers; ++l) {
-    BKV_ASSIGN_OR_RETURN(const std::vector<int32_t> due, Due(bm, *target.policy, target.id, l));
+    const std::vector<int32_t>& due = due_by_layer[l];
     if (due.empty()) continue;
     BKV_ASSIGN_OR_RETURN(std::vector<KeepSet> sets, HostLayer(bm, store, *target.policy, target.id,
                                                               l, due, target.current_position));
@@ -95,21 +104,23 @@ std::vector<absl::StatusOr<std::vector<KeepSet>>> HostKeepSets(
     const CompressTarget& target = targets[t];
     const bool layers = target.policy->LayersConcurrent();
     const bool by_head = layers && target.policy->HeadsConcurrent();
+    absl::StatusOr<std::vector<std::vector<int32_t>>> due_by_layer =
+        DueByLayer(bm, *target.policy, target.id);
+    if (!due_by_layer.ok()) {
+      out[t] = due_by_layer.status();
+      continue;
+    }
     for (int32_t l = 0; l < bm.shape().num_layers; ++l) {
-      absl::StatusOr<std::vector<int32_t>> due = Due(bm, *target.policy, target.id, l);
-      if (!due.ok()) {
-        out[t] = due.status();
-        break;
-      }
-      if (due->empty()) continue;
+      std::vector<int32_t>& due = (*due_by_layer)[l];
+      if (due.empty()) continue;
       if (!layers) {
         tasks.push_back({t, -1, {}});
         break;
       }
       if (by_head) {
-        for (const int32_t h : *due) tasks.push_back({t, l, {h}});
+        for (const int32_t h : due) tasks.push_back({t, l, {h}});
       } else {
-        tasks.push_back({t, l, *std::move(due)});
+        tasks.push_back({t, l, std::move(due)});
       }
     }
   }
@@ -165,8 +176,10 @@ absl::StatusOr<std::vector<std::vector<KeepSet>>> ScoredKeepSets(
   std::vector<Planned> planned;
   for (size_t t = 0; t < targets.size(); ++t) {
     const CompressTarget& target = targets[t];
+    BKV_ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> due_by_layer,
+                         DueByLayer(bm, *target.policy, target.id));
     for (int32_t l = 0; l < shape.num_layers; ++l) {
-      BKV_ASSIGN_OR_RETURN(const std::vector<int32_t> due, Due(bm, *target.policy, target.id, l));
+      const std::vector<int32_t>& due = due_by_layer[l];
       if (due.empty()) continue;
       Planned p{t, due, {}, std::vector<std::vector<int32_t>>(shape.num_kv_heads), {}, {}, {}};
       std::vector<HeadKeys> heads(shape.num_kv_heads);
