@@ -106,9 +106,9 @@ class PolicyState {
   // budgets). The engine then splits a sequence's compressions by head.
   virtual bool HeadsConcurrent() const { return false; }
   // True when Observe may run for different heads at the same time, from different threads
-  // (each head's observation state its own). Rows written with streaming stores are fenced
-  // by the caller then (StreamFence on each thread), not by the policy. The engine then
-  // observes each head inside the attention's parallel region.
+  // (each head's observation state its own). The engine then observes each head inside the
+  // attention's parallel region, whose threads each fence their streaming stores
+  // (StreamFence) before it ends: a fence the policy issues covers its own thread only.
   virtual bool ObserveConcurrent() const { return false; }
 
   // Records one step's queries of (layer, kv_head), oldest step first. Prefill positions

@@ -71,7 +71,9 @@ class BeaconState final : public PolicyState {
     }
     // The rings' and banks' rows go out with non-temporal stores (no read of a line that is
     // read back only at the next compression): a step's last head fences them, so that a
-    // compression on another thread reads them.
+    // compression on another thread reads them, when the heads are observed in turn on one
+    // thread. Observed inside the attention's region (ObserveConcurrent), each of its threads
+    // fences its own stores before the region ends (PagedDecodeAttentionCpu).
     if (index == geometry_.num_heads_total() - 1) StreamFence();
     return absl::OkStatus();
   }

@@ -553,9 +553,9 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   const int32_t vocab = runner_.config().vocab_size;
   std::vector<float> logits(rows * vocab);
   const double scoring_before = stats_.time_scoring, start = Now();
-  absl::Status st =
-      runner_.Decode(ids, tokens, positions, slots, *bm_, *store_, &sink, logits.data(),
-                     &stats_.time_attention, &stats_.time_scoring, head_bias, concurrent);
+  absl::Status st = runner_.Decode(ids, tokens, positions, slots, *bm_, *store_, &sink,
+                                   logits.data(), &stats_.time_attention, &stats_.time_scoring,
+                                   head_bias, concurrent, &stats_.layers_observed_in_attention);
   stats_.time_decode_forward += Now() - start - (stats_.time_scoring - scoring_before);
   BKV_RETURN_IF_ERROR(st);
   BKV_RETURN_IF_ERROR(std::exchange(observe_status_, absl::OkStatus()));

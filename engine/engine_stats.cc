@@ -18,6 +18,7 @@ std::string EngineStats::ToJson() const {
   j["compressions"] = compressions;
   j["tokens_evicted"] = tokens_evicted;
   j["blocks_freed_by_eviction"] = blocks_freed_by_eviction;
+  j["layers_observed_in_attention"] = layers_observed_in_attention;
   j["time_seconds"] = {{"prefill", time_prefill},        {"decode_forward", time_decode_forward},
                        {"attention", time_attention},    {"scoring", time_scoring},
                        {"selection", time_selection},    {"compaction", time_compaction},

@@ -131,6 +131,9 @@ struct EngineStats {
   int64_t compressions = 0;  // (sequence, layer) compression events
   int64_t tokens_evicted = 0;
   int64_t blocks_freed_by_eviction = 0;
+  // Decode layers whose observations ran inside the attention's threads (ModelRunner::Decode,
+  // sink_concurrent), one per (step, layer).
+  int64_t layers_observed_in_attention = 0;
   // Time split (seconds).
   double time_prefill = 0;
   double time_decode_forward = 0;  // includes attention

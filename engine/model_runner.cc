@@ -1,8 +1,12 @@
 #include "engine/model_runner.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -155,7 +159,7 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
                                  CpuKvStore& store, const QuerySink* sink, float* logits,
                                  double* attention_seconds, double* observe_seconds,
                                  absl::Span<const absl::Span<const float>> head_bias,
-                                 bool sink_concurrent) const {
+                                 bool sink_concurrent, int64_t* layers_observed_in_region) const {
   const ModelConfig& c = config();
   const int64_t rows = static_cast<int64_t>(seqs.size());
   const int64_t hid = c.hidden_size, d = c.head_dim, group = group_size();
@@ -241,33 +245,48 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
     shape.block_size = bs;
     shape.max_blocks = max_blocks;
     // With a concurrent sink and attention split over threads, each head's observation right
-    // after its attention, timed per call: [rows, num_kv_heads] seconds. (On one thread the
-    // calls follow the layer's attention, timed once, as they always did.)
+    // after its attention, timed per call, with the thread that ran it: [rows, num_kv_heads].
+    // (On one thread the calls follow the layer's attention, timed once, as they always did.)
     const bool fused =
         sink != nullptr && sink_concurrent &&
         kernels::PagedDecodeAttentionSplits(flat_lengths.data(), shape, num_threads_);
     std::vector<double> observed;
+    std::vector<int32_t> observer;
+    std::exception_ptr thrown;  // the first exception of a call, rethrown after the region
+    std::mutex thrown_mu;
     std::function<void(int32_t, int32_t)> observe;
     if (fused) {
       observed.assign(rows * c.num_kv_heads, 0.0);
+      observer.assign(rows * c.num_kv_heads, 0);
       observe = [&](int32_t b, int32_t g) {
         const double start = Now();
-        (*sink)(b, l, g, positions[b], q_pre.data() + b * hq + g * group * d,
-                q.data() + b * hq + g * group * d);
+        try {
+          (*sink)(b, l, g, positions[b], q_pre.data() + b * hq + g * group * d,
+                  q.data() + b * hq + g * group * d);
+        } catch (...) {
+          const std::lock_guard<std::mutex> lock(thrown_mu);
+          if (!thrown) thrown = std::current_exception();
+        }
         observed[b * c.num_kv_heads + g] = Now() - start;
+        observer[b * c.num_kv_heads + g] = omp_get_thread_num();
       };
     }
     const int threads = kernels::PagedDecodeAttentionCpu(
         q.data(), store.keys_data(), store.values_data(), flat_tables.data(), flat_lengths.data(),
         shape, scale, attn.data(), num_threads_, flat_bias.empty() ? nullptr : flat_bias.data(),
         observe ? &observe : nullptr);
+    if (thrown) std::rethrow_exception(thrown);
     double region = Now() - t0;
     if (observe) {
-      double sum = 0.0;
-      for (const double t : observed) sum += t;
-      const double share = std::min(sum / threads, region);
+      // The observations' share of the region's wall time: the largest of the threads' summed
+      // call times (a thread the machine does not run leaves the other to observe every head).
+      std::vector<double> per_thread(threads, 0.0);
+      for (size_t i = 0; i < observed.size(); ++i) per_thread[observer[i]] += observed[i];
+      const double share =
+          std::min(*std::max_element(per_thread.begin(), per_thread.end()), region);
       region -= share;
       if (observe_seconds != nullptr) *observe_seconds += share;
+      if (layers_observed_in_region != nullptr) ++*layers_observed_in_region;
     }
     if (attention_seconds != nullptr) *attention_seconds += region;
     if (sink != nullptr && !fused) {

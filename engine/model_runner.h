@@ -51,15 +51,17 @@ class ModelRunner {
   // attention is split over threads (PagedDecodeAttentionSplits), each head's call then
   // follows its attention on the thread that computed it, inside that region (no region of
   // its own, and the observation split over the threads), and observe_seconds gets the
-  // calls' summed time divided by the region's threads (an estimate of their share of its
-  // wall time; attention_seconds gets the rest). Otherwise the calls run on this thread after
-  // the layer's attention.
+  // calls' time summed per thread, the largest of those sums (an estimate of their share of
+  // its wall time; attention_seconds gets the rest), and layers_observed_in_region (optional)
+  // counts the layer. Otherwise the calls run on this thread after the layer's attention. An
+  // exception from a call is rethrown here after the region.
   absl::Status Decode(absl::Span<const SequenceId> seqs, absl::Span<const int32_t> tokens,
                       absl::Span<const int32_t> positions, absl::Span<const SlotRef> slots,
                       const BlockManager& bm, CpuKvStore& store, const QuerySink* sink,
                       float* logits, double* attention_seconds, double* observe_seconds = nullptr,
                       absl::Span<const absl::Span<const float>> head_bias = {},
-                      bool sink_concurrent = false) const;
+                      bool sink_concurrent = false,
+                      int64_t* layers_observed_in_region = nullptr) const;
 
  private:
   ModelRunner(ModelWeights weights, Rope rope, int num_threads, bool batch_invariant)

@@ -31,9 +31,10 @@ bool PagedDecodeAttentionSplits(const int32_t* lengths, const PagedAttentionShap
 // head_done (optional): called with (row, kv_head) as soon as that head's output is written,
 // on the thread that computed it, so that per-head work on the step's queries (a policy's
 // observation) shares the attention's threads instead of opening a region of its own; calls
-// for different heads run at once when the work is split over threads. Every thread that
-// ran one issues a store fence (StreamFence) before the function returns, so non-temporal
-// stores made in the calls are visible to whichever thread reads them next.
+// for different heads run at once when the work is split over threads. When head_done is
+// given, every thread of the region issues a store fence (StreamFence) before the region's
+// closing barrier, so that non-temporal stores made in the calls are visible to whichever
+// thread reads them after the function returns.
 // Returns the number of threads the heads were spread over (1 when the work was too small).
 int PagedDecodeAttentionCpu(
     const float* q,               // [rows, num_heads, head_dim]

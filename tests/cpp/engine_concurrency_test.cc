@@ -396,6 +396,10 @@ TEST(EngineConcurrencyTest, BeaconObservedBesideTheAttentionMatchesOneThread) {
               [](const RequestOutput& a, const RequestOutput& b) { return a.id < b.id; });
     EXPECT_GT((*e)->stats().compressions, kSequences);
     EXPECT_EQ((*e)->stats().peak_running, kSequences);
+    // Every layer of every decode step observed inside the attention's threads at two threads;
+    // none at one.
+    const int64_t layers_fused = (*e)->stats().layers_observed_in_attention;
+    EXPECT_EQ(layers_fused, threads == 1 ? 0 : int64_t{kNew - 1} * mc.num_layers);
     runs.push_back(*std::move(outs));
   }
   ASSERT_EQ(runs[0].size(), runs[1].size());

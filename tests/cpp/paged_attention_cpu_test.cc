@@ -180,8 +180,8 @@ TEST(PagedDecodeAttentionCpuTest, TheBlockSizeDoesNotChangeTheResult) {
 }
 
 // head_done follows each head's attention exactly once, with that head's output already
-// final, on the attention's threads when the work is split and on the caller's otherwise; the
-// output is the same either way. (Run under ThreadSanitizer through the engine's tests.)
+// final, inside the attention's region (its team) when the work is split and on the caller's
+// thread otherwise; the output is the same either way.
 TEST(PagedDecodeAttentionCpuTest, HeadDoneFollowsEachHeadOnce) {
   std::mt19937 rng(41);
   const Case big = MakeCase(/*rows=*/96, 4, 2, 32, /*bs=*/16, rng);
@@ -200,27 +200,28 @@ TEST(PagedDecodeAttentionCpuTest, HeadDoneFollowsEachHeadOnce) {
       std::vector<float> out(c->q.size(), -7.0f);
       std::vector<std::atomic<int32_t>> calls(heads);
       std::vector<uint8_t> final_when_called(heads, 0);
-      std::atomic<int32_t> distinct_threads_seen{0};
-      std::vector<std::atomic<uint8_t>> seen(64);
+      std::vector<int32_t> team(heads, 0);  // the team size each call ran in
       const std::function<void(int32_t, int32_t)> done = [&](int32_t b, int32_t g) {
         const int32_t head = b * c->s.num_kv_heads + g;
         ++calls[head];
         final_when_called[head] =
             std::equal(out.begin() + head * head_floats, out.begin() + (head + 1) * head_floats,
                        want.begin() + head * head_floats);
-        const int32_t t = omp_get_thread_num();
-        if (t < 64 && seen[t].exchange(1) == 0) ++distinct_threads_seen;
+        team[head] = omp_get_num_threads();
       };
       const int ran_on = PagedDecodeAttentionCpu(c->q.data(), c->k.data(), c->v.data(),
                                                  c->tables.data(), c->lengths.data(), c->s, scale,
                                                  out.data(), threads, nullptr, &done);
-      EXPECT_EQ(ran_on, split ? threads : 1);
+      // (The runtime may give a split region fewer threads than asked: OMP_THREAD_LIMIT.)
+      EXPECT_GE(ran_on, 1);
+      EXPECT_LE(ran_on, split ? threads : 1);
       EXPECT_EQ(out, want);
       for (int32_t h = 0; h < heads; ++h) {
         EXPECT_EQ(calls[h].load(), 1) << "head " << h;
         EXPECT_TRUE(final_when_called[h]) << "head " << h << " called before its output";
+        // Inside the attention's region when it is split, not in a loop after it.
+        EXPECT_EQ(team[h], ran_on) << "head " << h;
       }
-      EXPECT_LE(distinct_threads_seen.load(), ran_on);
     }
   }
 }
