@@ -245,19 +245,18 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
     shape.block_size = bs;
     shape.max_blocks = max_blocks;
     // With a concurrent sink and attention split over threads, each head's observation right
-    // after its attention, timed per call, with the thread that ran it: [rows, num_kv_heads].
-    // (On one thread the calls follow the layer's attention, timed once, as they always did.)
+    // after its attention, its time summed per thread ([num_threads], each slot written by its
+    // own thread). (On one thread the calls follow the layer's attention, timed once, as they
+    // always did.)
     const bool fused =
         sink != nullptr && sink_concurrent &&
         kernels::PagedDecodeAttentionSplits(flat_lengths.data(), shape, num_threads_);
-    std::vector<double> observed;
-    std::vector<int32_t> observer;
+    std::vector<double> per_thread;
     std::exception_ptr thrown;  // the first exception of a call, rethrown after the region
     std::mutex thrown_mu;
     std::function<void(int32_t, int32_t)> observe;
     if (fused) {
-      observed.assign(rows * c.num_kv_heads, 0.0);
-      observer.assign(rows * c.num_kv_heads, 0);
+      per_thread.assign(num_threads_, 0.0);
       observe = [&](int32_t b, int32_t g) {
         const double start = Now();
         try {
@@ -267,11 +266,10 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
           const std::lock_guard<std::mutex> lock(thrown_mu);
           if (!thrown) thrown = std::current_exception();
         }
-        observed[b * c.num_kv_heads + g] = Now() - start;
-        observer[b * c.num_kv_heads + g] = omp_get_thread_num();
+        per_thread[omp_get_thread_num()] += Now() - start;
       };
     }
-    const int threads = kernels::PagedDecodeAttentionCpu(
+    kernels::PagedDecodeAttentionCpu(
         q.data(), store.keys_data(), store.values_data(), flat_tables.data(), flat_lengths.data(),
         shape, scale, attn.data(), num_threads_, flat_bias.empty() ? nullptr : flat_bias.data(),
         observe ? &observe : nullptr);
@@ -280,8 +278,6 @@ absl::Status ModelRunner::Decode(absl::Span<const SequenceId> seqs,
     if (observe) {
       // The observations' share of the region's wall time: the largest of the threads' summed
       // call times (a thread the machine does not run leaves the other to observe every head).
-      std::vector<double> per_thread(threads, 0.0);
-      for (size_t i = 0; i < observed.size(); ++i) per_thread[observer[i]] += observed[i];
       const double share =
           std::min(*std::max_element(per_thread.begin(), per_thread.end()), region);
       region -= share;
