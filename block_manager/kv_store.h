@@ -51,6 +51,8 @@ class CpuKvStore final : public KvStore {
   const float* key(SlotRef s) const { return keys_.data() + SlotOffset(s) * head_dim_; }
   const float* value(SlotRef s) const { return values_.data() + SlotOffset(s) * head_dim_; }
   int32_t position(SlotRef s) const { return positions_[SlotOffset(s)]; }
+  // A hint that position(s) will be read soon (any SlotRef; nothing is read or checked).
+  void PrefetchPosition(SlotRef s) const { __builtin_prefetch(positions_.data() + SlotOffset(s)); }
   const float* keys_data() const { return keys_.data(); }      // [num_blocks, block_size, head_dim]
   const float* values_data() const { return values_.data(); }  // [num_blocks, block_size, head_dim]
 

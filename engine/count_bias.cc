@@ -1,5 +1,6 @@
 #include "engine/count_bias.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_format.h"
@@ -17,6 +18,32 @@ __attribute__((noinline)) void SetWhereEqual(const int32_t* __restrict ids, int3
 }
 
 }  // namespace
+
+void CountBias::PrefetchCounts(int32_t position, int32_t num_heads, TokenAt token_at) const {
+  if (position < counted_) return;
+  counts_.prefetch(token_at(position));
+  const int32_t heads = std::min<int32_t>(num_heads, static_cast<int32_t>(heads_.size()));
+  for (int32_t i = 0; i < heads; ++i) {
+    const auto* state = reinterpret_cast<const char*>(&heads_[i]);
+    for (size_t at = 0; at < sizeof(HeadState); at += 64) __builtin_prefetch(state + at);
+  }
+}
+
+void CountBias::PrefetchHeads(const CpuKvStore& store, int32_t position, int32_t num_heads,
+                              TokenAt token_at) const {
+  if (position < counted_) return;
+  const int32_t token = token_at(position);
+  const int32_t heads = std::min<int32_t>(num_heads, static_cast<int32_t>(heads_.size()));
+  for (int32_t i = 0; i < heads; ++i) {
+    const HeadState& c = heads_[i];
+    if (c.position != position - 1 || c.ids.empty()) continue;  // not an in-place update
+    c.held.prefetch(token);
+    __builtin_prefetch(c.ids.data());
+    __builtin_prefetch(c.bias.data());
+    store.PrefetchPosition(c.first_slot);
+    store.PrefetchPosition(c.last_slot);
+  }
+}
 
 absl::StatusOr<absl::Span<const float>> CountBias::Head(const BlockManager& bm,
                                                         const CpuKvStore& store, SequenceId id,
@@ -65,6 +92,10 @@ absl::StatusOr<absl::Span<const float>> CountBias::Head(const BlockManager& bm,
   }
   c.first = n > 0 ? position_of(0) : -1;
   c.last = n > 0 ? position_of(n - 1) : -1;
+  if (n > 0) {
+    c.first_slot = {table[0], 0};
+    c.last_slot = {table[(n - 1) / shape.block_size], (n - 1) % shape.block_size};
+  }
   c.position = position;
   return absl::MakeConstSpan(c.bias);
 }

@@ -35,12 +35,28 @@ class CountBias {
                                                SequenceId id, int32_t layer, int32_t kv_head,
                                                int32_t position, TokenAt token_at);
 
+  // Prefetching, for a caller that asks about many sequences at each step: the terms of a
+  // step are read once a step, so each Head() call starts with a few cache misses (the id
+  // counts, the head's state and its slots' positions), and in turn they add up. Calling
+  // PrefetchCounts for every sequence, then PrefetchHeads for every sequence, then Head(),
+  // overlaps them. Both only hint the memory system: what Head() returns is the same either
+  // way. `num_heads`: the heads to be asked, those of index layer * num_kv_heads + kv_head
+  // below it.
+  //
+  // The id count of the step's newest token and each head's state.
+  void PrefetchCounts(int32_t position, int32_t num_heads, TokenAt token_at) const;
+  // What the heads' states point to (after PrefetchCounts): their count of the newest token,
+  // the start of their terms, and the positions of the slots the in-place update checks.
+  void PrefetchHeads(const CpuKvStore& store, int32_t position, int32_t num_heads,
+                     TokenAt token_at) const;
+
  private:
   struct HeadState {
     std::vector<int32_t> ids;                    // held slots' ids, logical order
     std::vector<float> bias;                     // their terms
     absl::flat_hash_map<int32_t, int32_t> held;  // id -> slots that hold it (K)
     int32_t first = -1, last = -1;               // positions of the first and last slot
+    SlotRef first_slot{}, last_slot{};           // and where they were
     int32_t position = -1;                       // the position of the last call
   };
   absl::flat_hash_map<int32_t, int32_t> counts_;  // id -> positions [0, counted_) (N)

@@ -311,16 +311,19 @@ absl::Status Engine::Admit(SeqState& s) {
   return absl::OkStatus();
 }
 
+int32_t Engine::TokenAt(const SeqState& s, int32_t position) {
+  const std::vector<int32_t>& prompt = s.request.prompt;
+  return position < static_cast<int32_t>(prompt.size()) ? prompt[position]
+                                                        : s.out.output[position - prompt.size()];
+}
+
 absl::Status Engine::AddCountBias(SeqState& s, int32_t position, int64_t b,
                                   std::vector<absl::Span<const float>>* head_bias) {
   ScopedTimer t(&stats_.time_bookkeeping);
   const KvShape& shape = bm_->shape();
   const int64_t heads_total = shape.num_heads_total();
   if (head_bias->empty()) head_bias->resize(static_cast<int64_t>(running_.size()) * heads_total);
-  const std::vector<int32_t>& prompt = s.request.prompt;
-  auto token_at = [&](int32_t p) {
-    return p < static_cast<int32_t>(prompt.size()) ? prompt[p] : s.out.output[p - prompt.size()];
-  };
+  auto token_at = [&s](int32_t p) { return TokenAt(s, p); };
   const int32_t layers = std::min(CountBiasLayers(s.policy_config), shape.num_layers);
   for (int32_t l = 0; l < layers; ++l) {
     for (int32_t g = 0; g < shape.num_kv_heads; ++g) {
@@ -538,6 +541,24 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   std::vector<SeqState*> states(rows);
   for (int64_t b = 0; b < rows; ++b) states[b] = seqs_.at(ids[b]).get();
   std::vector<absl::Span<const float>> head_bias;
+  {
+    // The count-bias terms' first cache misses, every sequence's at once (CountBias).
+    ScopedTimer t(&stats_.time_bookkeeping);
+    const int32_t kv_heads = bm_->shape().num_kv_heads;
+    for (const bool counts : {true, false}) {
+      for (int64_t b = 0; b < rows; ++b) {
+        SeqState& s = *states[b];
+        const int32_t heads = CountBiasLayers(s.policy_config) * kv_heads;
+        if (heads == 0) continue;
+        auto token_at = [&s](int32_t p) { return TokenAt(s, p); };
+        if (counts) {
+          s.count_bias.PrefetchCounts(positions[b], heads, token_at);
+        } else {
+          s.count_bias.PrefetchHeads(*store_, positions[b], heads, token_at);
+        }
+      }
+    }
+  }
   for (int64_t b = 0; b < rows; ++b) {
     if (CountBiasLayers(states[b]->policy_config) > 0)
       BKV_RETURN_IF_ERROR(AddCountBias(*states[b], positions[b], b, &head_bias));

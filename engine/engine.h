@@ -108,6 +108,8 @@ class Engine {
   // head_bias), position = the token being decoded.
   absl::Status AddCountBias(SeqState& s, int32_t position, int64_t b,
                             std::vector<absl::Span<const float>>* head_bias);
+  // The token at `position` of s (prompt, then output; every position up to the newest).
+  static int32_t TokenAt(const SeqState& s, int32_t position);
   void Observe(SeqState& s, int32_t layer, int32_t kv_head, int32_t position, const float* pre,
                const float* post);
   // Appends to s.evictions the positions of `positions` (one head's, slot order) that

@@ -68,7 +68,12 @@ TEST(CountBiasTest, InPlaceUpdatesEqualARecountThroughEvictions) {
         ASSERT_TRUE(pool.bm->AppendToken(id).ok());
       }
       const int32_t position = static_cast<int32_t>(tokens.size()) - 1;
-      // Every head is asked before any span is read, as the engine's decode step does.
+      // The engine's prefetches first (only hints; on odd steps left out), then every head is
+      // asked before any span is read, as the engine's decode step does.
+      if (step % 2 == 0) {
+        bias.PrefetchCounts(position, kLayers * kKvHeads, token_at);
+        bias.PrefetchHeads(pool.store, position, kLayers * kKvHeads, token_at);
+      }
       std::vector<absl::Span<const float>> spans;
       for (int32_t l = 0; l < kLayers; ++l) {
         for (int32_t h = 0; h < kKvHeads; ++h) {
