@@ -317,14 +317,13 @@ int32_t Engine::TokenAt(const SeqState& s, int32_t position) {
                                                         : s.out.output[position - prompt.size()];
 }
 
-absl::Status Engine::AddCountBias(SeqState& s, int32_t position, int64_t b,
+absl::Status Engine::AddCountBias(SeqState& s, int32_t position, int32_t layers, int64_t b,
                                   std::vector<absl::Span<const float>>* head_bias) {
   ScopedTimer t(&stats_.time_bookkeeping);
   const KvShape& shape = bm_->shape();
   const int64_t heads_total = shape.num_heads_total();
   if (head_bias->empty()) head_bias->resize(static_cast<int64_t>(running_.size()) * heads_total);
   auto token_at = [&s](int32_t p) { return TokenAt(s, p); };
-  const int32_t layers = std::min(CountBiasLayers(s.policy_config), shape.num_layers);
   for (int32_t l = 0; l < layers; ++l) {
     for (int32_t g = 0; g < shape.num_kv_heads; ++g) {
       // The span stays valid through the step: each head is asked once per step.
@@ -541,14 +540,17 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
   std::vector<SeqState*> states(rows);
   for (int64_t b = 0; b < rows; ++b) states[b] = seqs_.at(ids[b]).get();
   std::vector<absl::Span<const float>> head_bias;
+  std::vector<int32_t> bias_layers(rows);  // each row's count-bias layers (CountBiasLayers)
   {
     // The count-bias terms' first cache misses, every sequence's at once (CountBias).
     ScopedTimer t(&stats_.time_bookkeeping);
-    const int32_t kv_heads = bm_->shape().num_kv_heads;
+    const KvShape& shape = bm_->shape();
+    for (int64_t b = 0; b < rows; ++b)
+      bias_layers[b] = std::min(CountBiasLayers(states[b]->policy_config), shape.num_layers);
     for (const bool counts : {true, false}) {
       for (int64_t b = 0; b < rows; ++b) {
         SeqState& s = *states[b];
-        const int32_t heads = CountBiasLayers(s.policy_config) * kv_heads;
+        const int32_t heads = bias_layers[b] * shape.num_kv_heads;
         if (heads == 0) continue;
         auto token_at = [&s](int32_t p) { return TokenAt(s, p); };
         if (counts) {
@@ -560,8 +562,8 @@ absl::Status Engine::DecodeStep(std::vector<RequestOutput>* finished) {
     }
   }
   for (int64_t b = 0; b < rows; ++b) {
-    if (CountBiasLayers(states[b]->policy_config) > 0)
-      BKV_RETURN_IF_ERROR(AddCountBias(*states[b], positions[b], b, &head_bias));
+    if (bias_layers[b] > 0)
+      BKV_RETURN_IF_ERROR(AddCountBias(*states[b], positions[b], bias_layers[b], b, &head_bias));
   }
   QuerySink sink = [&](int32_t row, int32_t layer, int32_t kv_head, int32_t position,
                        const float* pre, const float* post) {

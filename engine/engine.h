@@ -104,9 +104,9 @@ class Engine {
   // ApplyKeepSets (every compressed layer of one sequence) plus the statistics and eviction
   // record.
   absl::Status ApplyCompression(SeqState& s, absl::Span<const KeepSet> keep, int32_t current);
-  // The count bias of row b's heads in its count-bias layers (ModelRunner::Decode's
-  // head_bias), position = the token being decoded.
-  absl::Status AddCountBias(SeqState& s, int32_t position, int64_t b,
+  // The count bias of row b's heads in its first `layers` layers (its count-bias layers;
+  // ModelRunner::Decode's head_bias), position = the token being decoded.
+  absl::Status AddCountBias(SeqState& s, int32_t position, int32_t layers, int64_t b,
                             std::vector<absl::Span<const float>>* head_bias);
   // The token at `position` of s (prompt, then output; every position up to the newest).
   static int32_t TokenAt(const SeqState& s, int32_t position);
